@@ -1,0 +1,12 @@
+"""PlexRL: a cluster-level runtime that time-slices LLM services across RLVR jobs.
+
+The package is layered (see docs/design.md and ../shared/DESIGN.md):
+
+- ``protocol``, ``config``, ``errors``: the vocabulary, stdlib only.
+- ``core``: the pure scheduling brain, ``plan(snapshot, now) -> list[Decision]``.
+- ``sim``: drives the core with a virtual clock (modelled calls, transfers, jobs).
+- ``timeline``: a stdlib-only Chrome-trace/Perfetto writer shared by every driver.
+- ``cli``: the ``plexrl`` command.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,88 @@
+"""Learned costs: transfer bandwidth per (node, direction) and service time per (job, function).
+
+Owns: ``Estimates`` (EMA tables) and the two estimators the policies use, ``transfer_s``
+and ``service_s``. A warm job is estimated from its own history; a cold one from its
+ModelSpec and the nominal hardware figures (see docs/design.md, "Cold and warm costs").
+Must not know: where observations come from, or any clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from plexrl.core.cluster import ClusterSpec, Direction
+from plexrl.protocol import Function, JobId, NodeId, Tier, WorkerGroupId
+
+if TYPE_CHECKING:
+    from plexrl.core.snapshot import CallView, Snapshot
+
+#: Cold-start assumptions (docs/design.md): training MFU and decode efficiency guesses.
+COLD_MFU = 0.3
+COLD_DECODE_BATCH = 64
+FLOPS_PER_TOKEN = {Function.FORWARD_BACKWARD: 6.0, Function.LOGPROBS: 2.0}
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Exponential moving averages learned from finished calls and transitions."""
+
+    bytes_per_s: dict[tuple[NodeId, Direction], float] = field(default_factory=dict)
+    service_s: dict[tuple[JobId, Function], float] = field(default_factory=dict)
+
+    def observe_transfer(self, node: NodeId, direction: Direction, bytes_per_s: float,
+                         alpha: float) -> "Estimates":
+        table = dict(self.bytes_per_s)
+        old = table.get((node, direction))
+        table[(node, direction)] = bytes_per_s if old is None else old + alpha * (bytes_per_s - old)
+        return replace(self, bytes_per_s=table)
+
+    def observe_service(self, job: JobId, function: Function, seconds: float,
+                        alpha: float) -> "Estimates":
+        table = dict(self.service_s)
+        old = table.get((job, function))
+        table[(job, function)] = seconds if old is None else old + alpha * (seconds - old)
+        return replace(self, service_s=table)
+
+
+def lane_bytes(cluster: ClusterSpec, wg: WorkerGroupId, direction: Direction,
+               num_bytes: float) -> float:
+    """Bytes one lane carries: device links move a share per device, disks a share per node."""
+    spec = cluster.worker_groups[wg]
+    lanes = spec.num_devices if direction in (Direction.ONLOAD, Direction.OFFLOAD) else len(spec.nodes)
+    return num_bytes / max(1, lanes)
+
+
+def transfer_s(snap: "Snapshot", wg: WorkerGroupId, src: Tier, dst: Tier, num_bytes: float) -> float:
+    """Expected seconds of one transition; 0 for a drop, latency only for a KV rebuild."""
+    direction = Direction.of(src, dst)
+    node = snap.cluster.node_of(wg)
+    if direction is None:
+        return node.move_latency_s if dst == Tier.DEVICE else 0.0
+    bw = snap.estimates.bytes_per_s.get((node.node, direction)) or node.bytes_per_s[direction]
+    return node.move_latency_s + lane_bytes(snap.cluster, wg, direction, num_bytes) / bw
+
+
+def service_s(snap: "Snapshot", call: "CallView") -> float:
+    """Expected service time of a call: its job's history if any, else a cold estimate."""
+    warm = snap.estimates.service_s.get((call.job, call.function))
+    if warm is not None:
+        return warm
+    return cold_service_s(snap, call)
+
+
+def cold_service_s(snap: "Snapshot", call: "CallView") -> float:
+    """A spec-only estimate (docs/design.md): FLOPs at an assumed MFU, decode at an assumed batch."""
+    spec = snap.jobs[call.job].spec.model(call.role).spec
+    group = snap.cluster.worker_groups[call.wg]
+    device = snap.cluster.device_of(call.wg)
+    tokens = max(1, call.num_tokens)
+    if call.function == Function.GENERATE:
+        instances = max(1, group.num_devices // spec.rollout_tp)
+        step_s = spec.dtype_bytes * spec.active_params / spec.rollout_tp / device.hbm_bytes_per_s
+        return tokens * step_s / (COLD_DECODE_BATCH * instances)
+    if call.function in FLOPS_PER_TOKEN:
+        flops = FLOPS_PER_TOKEN[call.function] * spec.active_params * tokens
+        return flops / (COLD_MFU * device.peak_flops * group.num_devices)
+    # optimizer step, sync, save, load: bound by reading the weights once per device
+    return spec.dtype_bytes * spec.total_params / group.num_devices / device.hbm_bytes_per_s

@@ -1,0 +1,105 @@
+"""The job model: what a job declares, and the bytes of each State derived from it.
+
+Owns: ``ModelDecl`` and ``JobSpec`` (a job's models, their copies, staleness, priority, and
+the worker groups each copy may be placed on), and ``state_bytes``: the size of one State
+of one copy on a worker group of a given size. Must not know: tiers, time, or policies.
+
+Byte model (Megatron distributed optimizer, bf16 weights, fp32 grads; see docs/design.md):
+trainer WEIGHTS = dtype x params per data-parallel rank, GRADS = 4 x params per rank,
+OPTIMIZER = 12 x params sharded across ranks (fp32 master + two moments); the rollout copy
+holds dtype x params per instance of ``rollout_tp`` devices, and its KV cache takes the
+rest of the usable memory, as inference engines pre-allocate it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plexrl.protocol import (COPY_OF, NEEDS, STATES_OF, Copy, Function, JobId, ModelSpec, Role,
+                             State, StateKey, WorkerGroupId)
+
+GRAD_BYTES_PER_PARAM = 4
+OPTIMIZER_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True)
+class ModelDecl:
+    """One model of a job, in a role, with the copies it needs."""
+
+    role: Role
+    spec: ModelSpec
+    copies: tuple[Copy, ...] = (Copy.TRAINER,)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job declares at submission.
+
+    ``candidates`` lists, per (role, copy), the worker groups the copy may be bound to;
+    placement picks one and the binding does not change while the job runs (affinity).
+    """
+
+    job: JobId
+    models: tuple[ModelDecl, ...]
+    candidates: tuple[tuple[Role, Copy, tuple[WorkerGroupId, ...]], ...]
+    staleness: int = 0           #: GENERATE of step k uses weight version max(0, k - staleness)
+    priority: int = 0
+
+    def model(self, role: Role) -> ModelDecl:
+        for decl in self.models:
+            if decl.role == role:
+                return decl
+        raise KeyError(f"job {self.job} has no {role} model")
+
+
+def states_of(decl: ModelDecl, copy: Copy) -> tuple[State, ...]:
+    """The States a copy of a model holds (a frozen model's trainer copy: weights only)."""
+    if copy == Copy.TRAINER and not decl.spec.trainable:
+        return (State.WEIGHTS,)
+    return STATES_OF[copy]
+
+
+def needed_states(decl: ModelDecl, function: Function) -> tuple[State, ...]:
+    """The States a call needs on DEVICE. An offloaded optimizer (ZeRO-offload) stays on HOST."""
+    held = states_of(decl, COPY_OF[function])
+    return tuple(s for s in NEEDS[function] if s in held and not pinned_to_host(decl, s))
+
+
+def pinned_to_host(decl: ModelDecl, state: State) -> bool:
+    """True for a State that lives on HOST by design and is never onloaded."""
+    return state == State.OPTIMIZER and decl.spec.optimizer == "adamw-offload"
+
+
+def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
+                usable_bytes_per_device: float) -> int:
+    """Bytes of one State of one copy on a worker group of ``wg_devices`` devices."""
+    spec = decl.spec
+    params = spec.total_params
+    if copy == Copy.ROLLOUT:
+        instances = max(1, wg_devices // spec.rollout_tp)
+        weights = spec.dtype_bytes * params * instances
+        if state == State.WEIGHTS:
+            return int(weights)
+        if state == State.KV_CACHE:
+            return int(max(0.0, usable_bytes_per_device * wg_devices - weights))
+        raise ValueError(f"rollout copy holds no {state}")
+    ranks = max(1, wg_devices // spec.replica_devices)
+    if state == State.WEIGHTS:
+        return int(spec.dtype_bytes * params * ranks)
+    if state == State.GRADS:
+        return int(GRAD_BYTES_PER_PARAM * params * ranks)
+    if state == State.OPTIMIZER:
+        return int(OPTIMIZER_BYTES_PER_PARAM * params)
+    raise ValueError(f"trainer copy holds no {state}")
+
+
+def device_bytes_needed(decl: ModelDecl, copy: Copy, wg_devices: int,
+                        usable_bytes_per_device: float) -> int:
+    """Bytes a copy needs on DEVICE at once for its largest call (KV cache excluded)."""
+    return sum(state_bytes(decl, copy, s, wg_devices, usable_bytes_per_device)
+               for s in states_of(decl, copy)
+               if s != State.KV_CACHE and not pinned_to_host(decl, s))
+
+
+def keys_of(job: JobId, decl: ModelDecl, copy: Copy) -> tuple[StateKey, ...]:
+    return tuple(StateKey(job, decl.role, copy, s) for s in states_of(decl, copy))

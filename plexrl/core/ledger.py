@@ -1,0 +1,147 @@
+"""The ledger folds events and assumed decisions into a new Snapshot.
+
+Owns: ``apply(snapshot, event)`` (what happened) and ``assume(snapshot, decision, now)``
+(what the executor has started: plan, assume, act, reconcile). Both are pure and return a
+new Snapshot; neither decides anything. Must not know: policies, drivers, clocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from plexrl.core import decisions as d
+from plexrl.core import events as e
+from plexrl.core.cluster import Direction
+from plexrl.core.costs import lane_bytes
+from plexrl.core.jobs import keys_of, pinned_to_host, state_bytes
+from plexrl.core.snapshot import CallView, JobView, Snapshot, StateView
+from plexrl.protocol import Function, State, StateKey, Tier
+
+
+def apply(snap: Snapshot, event: e.Event) -> Snapshot:
+    """Fold one event into the snapshot."""
+    match event:
+        case e.JobSubmitted(spec=spec):
+            return replace(snap, pending=snap.pending + (spec,))
+        case e.CallQueued():
+            return replace(snap, queued=snap.queued + (_call_view(snap, event),))
+        case e.CallFinished():
+            return _call_finished(snap, event)
+        case e.TransitionFinished():
+            return _transition_finished(snap, event)
+        case e.JobEnded(job=job):
+            return _job_ended(snap, job)
+        case e.WorkerLost(wg=wg):
+            lost = {j for j, v in snap.jobs.items() if wg in v.bindings.values()}
+            for job in sorted(lost):
+                snap = _job_ended(snap, job)
+            return snap
+    raise TypeError(f"not an event: {event!r}")
+
+
+def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
+    """Record a decision the executor has started, so the next plan sees it."""
+    match decision:
+        case d.Place():
+            return _place(snap, decision, now)
+        case d.Reject(job=job):
+            return replace(snap, pending=tuple(s for s in snap.pending if s.job != job))
+        case d.Dispatch(call=call_id, wg=wg):
+            call = next(c for c in snap.queued if c.call == call_id)
+            job = snap.jobs[call.job]
+            next_seq = dict(job.next_seq)
+            next_seq[(call.role, call.copy)] = call.seq + 1
+            jobs = dict(snap.jobs)
+            jobs[call.job] = replace(job, next_seq=next_seq)
+            running = dict(snap.running)
+            running[wg] = replace(call, started_at=now)
+            last = dict(snap.last_job)
+            last[wg] = call.job
+            onloading = {w: c for w, c in snap.onloading.items() if w != wg}
+            return replace(snap, queued=tuple(c for c in snap.queued if c.call != call_id),
+                           running=running, jobs=jobs, last_job=last, onloading=onloading)
+        case d.Move(key=key, dst=dst, for_call=for_call, wg=wg):
+            states = dict(snap.states)
+            states[key] = replace(states[key], moving_to=dst)
+            onloading = snap.onloading
+            if for_call is not None:
+                onloading = dict(onloading)
+                onloading[wg] = for_call
+            return replace(snap, states=states, onloading=onloading)
+    raise TypeError(f"not a decision: {decision!r}")
+
+
+def _call_view(snap: Snapshot, ev: e.CallQueued) -> CallView:
+    view = CallView(call=ev.call, job=ev.job, seq=ev.seq, function=ev.function, role=ev.role,
+                    wg="", queued_at=ev.at, step=ev.step, num_tokens=ev.num_tokens, version=ev.version,
+                    workspace_bytes=ev.workspace_bytes)
+    job = snap.jobs.get(ev.job)
+    if job is None or (ev.role, view.copy) not in job.bindings:
+        raise KeyError(f"call {ev.call}: job {ev.job} has no placed {ev.role}/{view.copy} copy")
+    return replace(view, wg=job.bindings[(ev.role, view.copy)])
+
+
+def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
+    call = snap.running.get(ev.wg)
+    if call is None or call.call != ev.call:
+        raise KeyError(f"call {ev.call} is not running on {ev.wg}")
+    running = dict(snap.running)
+    del running[ev.wg]
+    states = snap.states
+    if call.function in (Function.OPTIM_STEP, Function.SYNC_WEIGHTS):
+        key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+        new_version = states[key].version + 1 if call.function == Function.OPTIM_STEP else call.version
+        states = dict(states)
+        states[key] = replace(states[key], version=new_version)
+    est = snap.estimates.observe_service(call.job, call.function, ev.duration_s,
+                                         snap.config.ema_alpha)
+    return replace(snap, running=running, states=states, estimates=est)
+
+
+def _transition_finished(snap: Snapshot, ev: e.TransitionFinished) -> Snapshot:
+    states = dict(snap.states)
+    view = states[ev.key]
+    states[ev.key] = replace(view, tier=ev.dst, moving_to=None)
+    est = snap.estimates
+    direction = Direction.of(ev.src, ev.dst)
+    node = snap.cluster.node_of(view.wg)
+    moving_s = ev.duration_s - node.move_latency_s
+    if direction is not None and moving_s > 0 and ev.num_bytes > 0:
+        per_lane = lane_bytes(snap.cluster, view.wg, direction, ev.num_bytes)
+        est = est.observe_transfer(node.node, direction, per_lane / moving_s, snap.config.ema_alpha)
+    return replace(snap, states=states, estimates=est)
+
+
+def _job_ended(snap: Snapshot, job) -> Snapshot:
+    jobs = {j: v for j, v in snap.jobs.items() if j != job}
+    states = {k: v for k, v in snap.states.items() if k.job != job}
+    queued = tuple(c for c in snap.queued if c.job != job)
+    running = {w: c for w, c in snap.running.items() if c.job != job}
+    pending = tuple(s for s in snap.pending if s.job != job)
+    return replace(snap, jobs=jobs, states=states, queued=queued, running=running, pending=pending)
+
+
+def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
+    spec = next(s for s in snap.pending if s.job == p.job)
+    job = snap.jobs.get(p.job) or JobView(spec=spec, bindings={}, next_seq={}, admitted_at=now)
+    bindings = dict(job.bindings)
+    bindings[(p.role, p.copy)] = p.wg
+    next_seq = dict(job.next_seq)
+    next_seq[(p.role, p.copy)] = 0
+    jobs = dict(snap.jobs)
+    jobs[p.job] = replace(job, bindings=bindings, next_seq=next_seq)
+    states = dict(snap.states)
+    decl = spec.model(p.role)
+    group = snap.cluster.worker_groups[p.wg]
+    usable = snap.cluster.device_of(p.wg).usable_bytes
+    for key in keys_of(p.job, decl, p.copy):
+        nbytes = state_bytes(decl, p.copy, key.state, group.num_devices, usable)
+        tier = Tier.DROPPED if key.state == State.KV_CACHE else Tier.HOST
+        states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier,
+                                pinned=pinned_to_host(decl, key.state))
+    pending = snap.pending
+    placed = {(r, c) for r, c, _ in spec.candidates} <= set(bindings)
+    if placed:
+        pending = tuple(s for s in snap.pending if s.job != p.job)
+    return replace(snap, jobs=jobs, states=states, pending=pending)
+

@@ -1,0 +1,107 @@
+"""Placement: bind a submitted job's model copies to worker groups, and size rollout pools.
+
+Owns: admission (``admit``: filter worker groups by purpose, device layout and memory, score
+by fewest bound jobs then most free memory, or ``Reject`` with the sizes when nothing can
+ever fit) and the rollout-pool sizing model (``RolloutDemand``, ``size_rollout_pool``):
+the data-parallel degree of a job's private rollout allocation that minimises GPU-hours per
+step. Must not know: queues, clocks, simulators.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from plexrl.core.decisions import Decision, Place, Reject
+from plexrl.core.jobs import JobSpec, ModelDecl, device_bytes_needed
+from plexrl.core.snapshot import Snapshot
+from plexrl.protocol import Copy, WorkerGroupId
+
+GiB = 2**30
+
+
+def admit(snap: Snapshot, spec: JobSpec) -> list[Decision]:
+    """Place every copy of a job, or reject it when some copy fits no candidate group at all."""
+    decisions: list[Decision] = []
+    for role, copy, groups in spec.candidates:
+        decl = spec.model(role)
+        fitting = [wg for wg in groups if _fits(snap, decl, copy, wg)]
+        if not fitting:
+            return [Reject(job=spec.job, reason=_no_fit_reason(snap, spec, decl, copy, groups))]
+        best = min(fitting, key=lambda wg: _score(snap, wg))
+        decisions.append(Place(job=spec.job, role=role, copy=copy, wg=best))
+    return decisions
+
+
+def _layout_ok(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
+    group = snap.cluster.worker_groups[wg]
+    unit = decl.spec.rollout_tp if copy == Copy.ROLLOUT else decl.spec.replica_devices
+    wanted = "rollout" if copy == Copy.ROLLOUT else "train"
+    return group.purpose in ("any", wanted) and group.num_devices % unit == 0
+
+
+def _need_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> int:
+    group = snap.cluster.worker_groups[wg]
+    return device_bytes_needed(decl, copy, group.num_devices, snap.cluster.device_of(wg).usable_bytes)
+
+
+def _fits(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
+    return (_layout_ok(snap, decl, copy, wg)
+            and _need_bytes(snap, decl, copy, wg) <= snap.cluster.device_budget(wg))
+
+
+def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
+    bound = sum(1 for job in snap.jobs.values() if wg in job.bindings.values())
+    return (bound, -snap.cluster.device_budget(wg), wg)
+
+
+def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,
+                   groups: tuple[WorkerGroupId, ...]) -> str:
+    rows = []
+    for wg in groups:
+        group = snap.cluster.worker_groups[wg]
+        if not _layout_ok(snap, decl, copy, wg):
+            rows.append(f"{wg} ({group.num_devices} devices, purpose {group.purpose}) does not "
+                        f"divide into {copy} instances of {decl.spec.name}")
+        else:
+            rows.append(f"{wg} needs {_need_bytes(snap, decl, copy, wg) / GiB:.1f} GiB of device "
+                        f"memory but has {snap.cluster.device_budget(wg) / GiB:.1f} GiB")
+    listed = "; ".join(rows) if rows else "no candidate worker groups were given"
+    return (f"job {spec.job}: {decl.role} {copy} copy of {decl.spec.name} fits no worker group: "
+            f"{listed}. Fix: give it a larger worker group, more parallelism, or a smaller model")
+
+
+@dataclass(frozen=True)
+class RolloutDemand:
+    """A job's rollout demand per step, from its spec or fitted from its history."""
+
+    num_samples: int
+    prompt_tokens: float
+    mean_tokens: float           #: mean response length
+    tail_tokens: float           #: longest response of a typical step
+    devices_per_instance: int
+    t0_s: float                  #: fixed cost of one decode step
+    weight_read_s: float         #: seconds to read one instance's weights once
+    kv_read_s_per_token: float   #: seconds to read one token of context on one instance
+    max_live_tokens: float       #: KV capacity of one instance, tokens
+    rest_of_step_s: float        #: seconds of the step the rollout pool does not overlap
+    shared_devices: float        #: devices of shared pools charged to the job per step
+
+
+def rollout_s(d: RolloutDemand, num_instances: int) -> float:
+    """Estimated rollout makespan on ``num_instances`` instances: throughput or tail bound."""
+    per_instance = math.ceil(d.num_samples / num_instances)
+    live = max(1.0, min(per_instance, d.max_live_tokens / (d.prompt_tokens + d.mean_tokens)))
+    ctx = live * (d.prompt_tokens + d.mean_tokens / 2)
+    step = d.t0_s + d.weight_read_s + ctx * d.kv_read_s_per_token
+    throughput_s = per_instance * d.mean_tokens / live * step
+    tail_step = d.t0_s + d.weight_read_s + (d.prompt_tokens + d.tail_tokens / 2) * d.kv_read_s_per_token
+    return max(throughput_s, d.tail_tokens * tail_step)
+
+
+def size_rollout_pool(d: RolloutDemand, choices: tuple[int, ...]) -> int:
+    """The instance count (of ``choices``) with the fewest GPU-hours per step."""
+    def cost(n: int) -> tuple[float, int]:
+        step_s = max(rollout_s(d, n), 0.0) + d.rest_of_step_s
+        return ((n * d.devices_per_instance + d.shared_devices) * step_s, n)
+    return min(choices, key=cost)

@@ -1,0 +1,83 @@
+"""The immutable picture of the cluster that ``plan`` reads.
+
+Owns: ``StateView`` (where one State is, how big, which version), ``CallView`` (a queued or
+running call), ``JobView`` (a placed job's bindings and per-copy order), ``CoreConfig``
+(policy knobs) and ``Snapshot``. The dicts inside a Snapshot are never mutated: the ledger
+builds a new Snapshot for every change (copy on write). Must not know: clocks, drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plexrl.core.cluster import ClusterSpec
+from plexrl.core.costs import Estimates
+from plexrl.core.jobs import JobSpec
+from plexrl.protocol import (COPY_OF, CallId, Copy, Function, JobId, Role, StateKey, Tier,
+                             WorkerGroupId)
+
+
+@dataclass(frozen=True)
+class StateView:
+    key: StateKey
+    wg: WorkerGroupId            #: the worker group its copy is bound to
+    num_bytes: int
+    tier: Tier                   #: where the current copy is
+    version: int = 0             #: WEIGHTS: optimizer steps applied (trainer) or installed (rollout)
+    moving_to: Tier | None = None  #: destination of an in-flight transition
+    pinned: bool = False         #: lives on HOST by design (ZeRO-offload optimizer)
+
+
+@dataclass(frozen=True)
+class CallView:
+    call: CallId
+    job: JobId
+    seq: int                     #: order of the job's calls on this model copy
+    function: Function
+    role: Role
+    wg: WorkerGroupId
+    queued_at: float             #: s
+    step: int = 0
+    num_tokens: int = 0
+    version: int = 0
+    workspace_bytes: int = 0
+    started_at: float | None = None
+
+    @property
+    def copy(self) -> Copy:
+        return COPY_OF[self.function]
+
+
+@dataclass(frozen=True)
+class JobView:
+    spec: JobSpec
+    bindings: dict[tuple[Role, Copy], WorkerGroupId]
+    next_seq: dict[tuple[Role, Copy], int]   #: the seq allowed to run next, per copy
+    admitted_at: float
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Scheduling knobs, chosen by name where there is a choice."""
+
+    queue_policy: str = "hrrs"   #: "fcfs", "round-robin" or "hrrs"
+    prefetch: bool = True        #: onload the next call's States while the current one runs
+    max_wait_s: float = 600.0    #: hrrs: a call waiting longer than this is served first (FCFS)
+    ema_alpha: float = 0.3       #: weight of a new observation in learned costs
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    cluster: ClusterSpec
+    config: CoreConfig = field(default_factory=CoreConfig)
+    jobs: dict[JobId, JobView] = field(default_factory=dict)
+    pending: tuple[JobSpec, ...] = ()            #: submitted, not yet placed
+    states: dict[StateKey, StateView] = field(default_factory=dict)
+    queued: tuple[CallView, ...] = ()            #: in arrival order
+    running: dict[WorkerGroupId, CallView] = field(default_factory=dict)
+    last_job: dict[WorkerGroupId, JobId] = field(default_factory=dict)  #: last dispatched, per group
+    onloading: dict[WorkerGroupId, CallId] = field(default_factory=dict)  #: call States are moving for
+    estimates: Estimates = field(default_factory=Estimates)
+
+    def states_on(self, wg: WorkerGroupId) -> list[StateView]:
+        return [s for s in self.states.values() if s.wg == wg]

@@ -1,0 +1,148 @@
+"""The vocabulary of PlexRL: typed ids, enums, and the frozen messages that cross layers.
+
+Owns: the words of ../shared/DESIGN.md section 2 (Function, State, Tier, Copy, Role), the
+typed ids, ``ModelSpec`` (what a job declares about a model), ``StateKey`` and the table
+of which States a Function needs resident. Stdlib only; knows nothing of scheduling,
+simulation, Ray or torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NewType
+
+JobId = NewType("JobId", str)
+CallId = NewType("CallId", int)
+WorkerGroupId = NewType("WorkerGroupId", str)
+NodeId = NewType("NodeId", str)
+
+
+class Function(enum.StrEnum):
+    """A kind of remote operation a job calls on a service."""
+
+    GENERATE = "generate"
+    LOGPROBS = "logprobs"
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIM_STEP = "optim_step"
+    SYNC_WEIGHTS = "sync_weights"
+    SAVE = "save"
+    LOAD = "load"
+
+
+class State(enum.StrEnum):
+    """A piece of a job's model state."""
+
+    WEIGHTS = "weights"
+    GRADS = "grads"
+    OPTIMIZER = "optimizer"
+    KV_CACHE = "kv_cache"
+
+
+class Tier(enum.StrEnum):
+    """Where a State lives. DROPPED means rebuildable at no transfer cost (KV cache)."""
+
+    DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
+    DROPPED = "dropped"
+
+
+class Role(enum.StrEnum):
+    """The role a model plays in a job."""
+
+    POLICY = "policy"
+    REFERENCE = "reference"
+    REWARD = "reward"
+    VALUE = "value"
+
+
+class Copy(enum.StrEnum):
+    """Which copy of a model: the trainer copy (trained, scored) or the rollout copy (samples)."""
+
+    TRAINER = "trainer"
+    ROLLOUT = "rollout"
+
+
+#: Which copy a Function runs on.
+COPY_OF: dict[Function, Copy] = {
+    Function.GENERATE: Copy.ROLLOUT,
+    Function.SYNC_WEIGHTS: Copy.ROLLOUT,
+    Function.LOGPROBS: Copy.TRAINER,
+    Function.FORWARD_BACKWARD: Copy.TRAINER,
+    Function.OPTIM_STEP: Copy.TRAINER,
+    Function.SAVE: Copy.TRAINER,
+    Function.LOAD: Copy.TRAINER,
+}
+
+_TRAIN_STATES = (State.WEIGHTS, State.GRADS, State.OPTIMIZER)
+
+#: The States a Function needs on DEVICE (DESIGN.md section 5).
+NEEDS: dict[Function, tuple[State, ...]] = {
+    Function.GENERATE: (State.WEIGHTS, State.KV_CACHE),
+    Function.SYNC_WEIGHTS: (State.WEIGHTS,),
+    Function.LOGPROBS: (State.WEIGHTS,),
+    Function.FORWARD_BACKWARD: _TRAIN_STATES,
+    Function.OPTIM_STEP: _TRAIN_STATES,
+    Function.SAVE: (State.WEIGHTS,),
+    Function.LOAD: (State.WEIGHTS,),
+}
+
+#: The States each copy of a trained model holds; a frozen model (reference, reward)
+#: holds only weights on its trainer copy.
+STATES_OF: dict[Copy, tuple[State, ...]] = {
+    Copy.TRAINER: _TRAIN_STATES,
+    Copy.ROLLOUT: (State.WEIGHTS, State.KV_CACHE),
+}
+
+
+@dataclass(frozen=True, order=True)
+class StateKey:
+    """Names one State of one copy of one job's model."""
+
+    job: JobId
+    role: Role
+    copy: Copy
+    state: State
+
+    def __str__(self) -> str:
+        return f"{self.job}/{self.role}/{self.copy}/{self.state}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a job declares about a model; every size derives from it.
+
+    Parallelism is that of the trainer copy (``tp * pp * dp`` devices, experts split
+    ``ep`` ways inside it); the rollout copy runs instances of ``rollout_tp`` devices.
+    """
+
+    name: str
+    total_params: float          #: parameters, all experts included
+    active_params: float         #: parameters touched per token (MoE: routed experts only)
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2         #: bytes per weight element (bf16 = 2)
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    rollout_tp: int = 1
+    optimizer: str = "adamw"     #: "adamw" (fp32 master + two moments) or "adamw-offload"
+    trainable: bool = True
+
+    @property
+    def train_devices(self) -> int:
+        """Devices of one trainer copy at its declared parallelism."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def replica_devices(self) -> int:
+        """Devices of one model replica of the trainer (one data-parallel rank)."""
+        return self.tp * self.pp
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token of context, whole model (K and V, all layers)."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype_bytes

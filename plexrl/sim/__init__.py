@@ -1,0 +1,1 @@
+"""Virtual-clock driver of the core: workload models, trace replay, fake cluster, metrics."""

@@ -1,0 +1,197 @@
+"""Scenario files: the schema of a simulated experiment and how to load one by name or path.
+
+Owns: the frozen config classes of a scenario (cluster, models, workloads, sizes,
+experiments, sweep), loading a shipped scenario (``plexrl/scenarios/NAME.toml``) or a file,
+with ``section.field=value`` overrides, and cross-field validation (references between
+sections, layouts that cannot work). Every default here is a cited figure of
+../shared/CALIBRATION.md; shipped scenario files repeat each value with its source.
+Must not know: how a scenario is simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+from plexrl.config import load, option
+from plexrl.errors import ConfigError
+from plexrl.protocol import ModelSpec
+
+MODES = ("colocated", "split-async", "plexrl", "plexrl-on-policy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    gpu_name: str = option("H800", doc="accelerator model")
+    device_memory_bytes: float = option(80e9, unit="bytes", min=1)
+    usable_frac: float = option(0.85, unit="frac", min=0.05, max=1.0, doc="HBM an engine may use")
+    peak_flops: float = option(989e12, unit="FLOP/s", min=1, doc="dense bf16 per GPU")
+    hbm_bytes_per_s: float = option(3.35e12, unit="bytes/s", min=1)
+    devices_per_node: int = option(8, unit="count", min=1)
+    host_bytes_per_node: float = option(2e12, unit="bytes", min=0)
+    disk_bytes_per_node: float = option(30e12, unit="bytes", min=0)
+    nominal_onload_bytes_per_s: float = option(35e9, unit="bytes/s", min=1, doc="per GPU, told to the core")
+    nominal_offload_bytes_per_s: float = option(50e9, unit="bytes/s", min=1)
+    onload_bytes_per_s: float = option(10e9, unit="bytes/s", min=1, doc="per GPU, achieved (the sim's truth)")
+    offload_bytes_per_s: float = option(10e9, unit="bytes/s", min=1)
+    spill_bytes_per_s: float = option(28e9, unit="bytes/s", min=1, doc="per node, NVMe write")
+    restore_bytes_per_s: float = option(52e9, unit="bytes/s", min=1, doc="per node, NVMe read")
+    move_latency_s: float = option(1.0, unit="s", min=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = option(doc="human-readable model name")
+    total_params: float = option(unit="count", min=1)
+    active_params: float = option(unit="count", min=1)
+    num_layers: int = option(unit="count", min=1)
+    kv_heads: int = option(unit="count", min=1)
+    head_dim: int = option(unit="count", min=1)
+    dtype_bytes: int = option(2, unit="bytes", min=1)
+    tp: int = option(1, unit="count", min=1)
+    pp: int = option(1, unit="count", min=1)
+    dp: int = option(1, unit="count", min=1)
+    ep: int = option(1, unit="count", min=1)
+    rollout_tp: int = option(1, unit="count", min=1)
+    optimizer: str = option("adamw", choices=("adamw", "adamw-offload"))
+    mfu: float = option(0.35, unit="frac", min=0.01, max=1.0, doc="training model-FLOPs utilisation")
+    optimizer_step_s: float = option(0.5, unit="s", min=0)
+    weight_sync_s: float = option(2.0, unit="s", min=0, doc="trainer -> rollout copy, separate pools")
+    colocated_sync_s: float = option(1.0, unit="s", min=0, doc="reshard in place, colocated")
+    decode_t0_s: float = option(0.003, unit="s", min=0)
+    decode_eta: float = option(0.75, unit="frac", min=0.01, max=1.0)
+    decode_mfu: float = option(0.5, unit="frac", min=0.01, max=1.0, doc="matmul efficiency in decode")
+    moe_saturation_batch: int = option(1, unit="count", min=1)
+    prefill_tokens_per_s: float = option(50000.0, unit="tokens/s", min=1, doc="per rollout instance")
+
+    def spec(self, trainable: bool = True) -> ModelSpec:
+        return ModelSpec(name=self.name, total_params=self.total_params,
+                         active_params=self.active_params, num_layers=self.num_layers,
+                         kv_heads=self.kv_heads, head_dim=self.head_dim,
+                         dtype_bytes=self.dtype_bytes, tp=self.tp, pp=self.pp, dp=self.dp,
+                         ep=self.ep, rollout_tp=self.rollout_tp, optimizer=self.optimizer,
+                         trainable=trainable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    model: str = option(doc="key of [models.*]")
+    prompts_per_step: int = option(128, unit="count", min=1)
+    group_size: int = option(8, unit="count", min=1)
+    prompt_tokens: int = option(300, unit="tokens", min=1)
+    max_response_tokens: int = option(8192, unit="tokens", min=1)
+    length_median: float = option(700.0, unit="tokens", min=1)
+    length_sigma: float = option(0.9, unit="count", min=0, doc="lognormal sigma")
+    length_drift_per_step: float = option(0.005, unit="frac", min=-0.5, max=0.5)
+    tool_calls_mean: float = option(0.0, unit="count", min=0)
+    tool_latency_median_s: float = option(1.0, unit="s", min=0)
+    tool_latency_sigma: float = option(1.0, unit="count", min=0)
+    reward_s: float = option(2.0, unit="s", min=0, doc="verifier time after rollout, CPU")
+    reference_model: bool = option(False, doc="add a KL reference LOGPROBS pass")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizesConfig:
+    """GPUs per job in each mode: CALIBRATION 6.4's fixed size and the sizing search's choices."""
+
+    colocated_gpus: int = option(unit="count", min=1)
+    colocated_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+    split_rollout_gpus: int = option(unit="count", min=1)
+    split_rollout_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+    train_gpus: int = option(unit="count", min=1, doc="training pool, split-async and plexrl")
+    plexrl_private_gpus: int = option(unit="count", min=1)
+    plexrl_private_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    workloads: tuple[str, ...] = option(doc="keys of [workloads.*]; plexrl shares one training pool")
+    description: str = option("")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepAxis:
+    target: str = option(doc="override path; '*' stands for every table, e.g. workloads.*.length_sigma")
+    values: tuple[float, ...] = option(default_factory=tuple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    seeds: int = option(5, unit="count", min=1)
+    axes: dict[str, SweepAxis] = option(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str = option(doc="scenario name")
+    description: str = option("")
+    seed: int = option(0, unit="count")
+    num_steps: int = option(10, unit="count", min=2, doc="training steps simulated per job")
+    warmup_steps: int = option(2, unit="count", min=1, doc="steps left out of the measurement")
+    modes: tuple[str, ...] = option(MODES, choices=MODES)
+    queue_policy: str = option("hrrs", choices=("fcfs", "round-robin", "hrrs"))
+    prefetch: bool = option(True)
+    search_sizes: bool = option(True, doc="search each mode's sizes within the choices")
+    train_workspace_frac: float = option(0.5, unit="frac", min=0, max=0.95,
+                                         doc="device memory a training call reserves")
+    cluster: ClusterConfig = option(default_factory=ClusterConfig)
+    models: dict[str, ModelConfig] = option(default_factory=dict)
+    workloads: dict[str, WorkloadConfig] = option(default_factory=dict)
+    sizes: dict[str, SizesConfig] = option(default_factory=dict)
+    experiments: dict[str, ExperimentConfig] = option(default_factory=dict)
+    sweep: SweepConfig = option(default_factory=SweepConfig)
+    source: str = field(default="", compare=False)
+
+
+def shipped() -> list[str]:
+    """Names of the scenarios shipped with PlexRL."""
+    return sorted(p.name[:-5] for p in resources.files("plexrl.scenarios").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A shipped scenario's file by name, or the path given."""
+    if name_or_path in shipped():
+        return Path(str(resources.files("plexrl.scenarios") / f"{name_or_path}.toml"))
+    path = Path(name_or_path)
+    if not path.exists():
+        raise ConfigError("no such scenario or file", file=name_or_path,
+                          fix=f"name a shipped scenario ({', '.join(shipped())}) or an existing file")
+    return path
+
+
+def load_scenario(name_or_path: str, overrides: tuple[str, ...] = ()) -> Scenario:
+    """Load, override and validate a scenario; every problem is a ConfigError naming the field."""
+    path = resolve(name_or_path)
+    scenario = load(Scenario, path, list(overrides))
+    validate(scenario, str(path))
+    return replace(scenario, source=str(path))
+
+
+def validate(s: Scenario, file: str) -> None:
+    """Cross-field checks the schema cannot express."""
+    if s.warmup_steps >= s.num_steps:
+        raise ConfigError("warmup must leave steps to measure", file=file, field="warmup_steps",
+                          value=s.warmup_steps, fix=f"set it below num_steps ({s.num_steps})")
+    for name, w in s.workloads.items():
+        if w.model not in s.models:
+            raise ConfigError("unknown model", file=file, field=f"workloads.{name}.model",
+                              value=w.model, fix=f"use one of {', '.join(sorted(s.models))}")
+        if w.model not in s.sizes:
+            raise ConfigError("model has no [sizes] table", file=file, field=f"sizes.{w.model}",
+                              fix=f"add [sizes.{w.model}] with the GPUs per mode")
+    for name, e in s.experiments.items():
+        for w in e.workloads:
+            if w not in s.workloads:
+                raise ConfigError("unknown workload", file=file,
+                                  field=f"experiments.{name}.workloads", value=w,
+                                  fix=f"use one of {', '.join(sorted(s.workloads))}")
+        models = {s.workloads[w].model for w in e.workloads}
+        if len(models) != 1:
+            raise ConfigError("jobs sharing a training pool must use one model", file=file,
+                              field=f"experiments.{name}.workloads", value=list(e.workloads),
+                              fix="pair workloads of the same model")
+    if not s.experiments:
+        raise ConfigError("no experiments", file=file, field="experiments",
+                          fix="add at least one [experiments.NAME] table")

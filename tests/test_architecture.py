@@ -1,0 +1,213 @@
+"""Architecture tests: the import contracts in .importlinter, and the purity of plexrl.core.
+
+Two checkers, each with a test that it can fail:
+
+- import-linter (run as ``lint-imports`` in a subprocess) keeps the package boundaries of
+  ../shared/STYLE.md; a copy of the package with one injected bad import must break them.
+- an AST scan of ``plexrl/core/`` finds what a pure core must not do: read a clock, draw
+  unseeded randomness, touch files, threads or processes, print, or import anything but the
+  standard library and the vocabulary (``plexrl.protocol``, ``plexrl.config``,
+  ``plexrl.errors``). It reports ``file:line: offence``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORE_DIR = REPO / "plexrl" / "core"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+BANNED_IMPORTS = frozenset({
+    "time", "datetime", "random", "secrets", "threading", "multiprocessing", "asyncio",
+    "concurrent", "os", "io", "pathlib", "socket", "subprocess", "logging", "sys", "uuid",
+    "importlib", "builtins", "tempfile", "shutil", "signal",
+})
+BANNED_CALLS = frozenset({"print", "open", "input", "exec", "eval", "id", "hash",
+                          "__import__", "breakpoint"})
+VOCABULARY = ("plexrl.protocol", "plexrl.config", "plexrl.errors")
+
+
+# --- import-linter -----------------------------------------------------------------------
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """Run lint-imports on the package under ``root`` with ``root/.importlinter``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(root / ".importlinter")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_import_contracts_are_kept():
+    result = _lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def _copy_package(dest: Path) -> Path:
+    shutil.copytree(REPO / "plexrl", dest / "plexrl",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(REPO / ".importlinter", dest / ".importlinter")
+    return dest
+
+
+def _inject(path: Path, line: str) -> int:
+    """Append ``line`` to the module at ``path``; returns its 1-based line number."""
+    text = path.read_text() if path.exists() else ""
+    text = text if text.endswith("\n") or not text else text + "\n"
+    path.write_text(text + line + "\n")
+    return text.count("\n") + 1
+
+
+@pytest.mark.parametrize(("module", "bad_import", "imported", "contract"), [
+    ("core/__init__.py", "import plexrl.sim", "plexrl.sim", "core and client import only"),
+    ("core/__init__.py", "import numpy", "numpy", "core and client import only"),
+    ("client/__init__.py", "from plexrl import timeline", "plexrl.timeline",
+     "core and client import only"),
+    ("rl/__init__.py", "import plexrl.runtime", "plexrl.runtime", "do not import each other"),
+    ("timeline.py", "import torch", "torch", "only runtime and losses import torch"),
+    ("losses/__init__.py", "import ray", "ray", "only runtime imports ray"),
+])
+def test_import_contracts_catch_an_injected_import(tmp_path, module, bad_import, imported,
+                                                    contract):
+    root = _copy_package(tmp_path)
+    importer = "plexrl." + module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    line = _inject(root / "plexrl" / module, bad_import)
+    result = _lint_imports(root)
+    report = result.stdout + result.stderr
+    assert result.returncode == 1, report
+    assert f"{contract}" in report and "BROKEN" in report, report
+    # the line number proves lint-imports read the copy, not the installed package
+    assert f"{importer} -> {imported} (l.{line})" in report, report
+
+
+# --- AST scan of the core ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Offence:
+    """One thing a pure core module must not do, and where."""
+
+    path: str
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.what}"
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _imported_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: resolve against the module's package
+        parents = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join(parents + ([node.module] if node.module else []))
+    # `from a import b`: b may be a submodule, so judge `a.b`
+    return [base if alias.name == "*" else f"{base}.{alias.name}" for alias in node.names]
+
+
+def _import_offence(name: str, package: str) -> str | None:
+    root = name.split(".")[0]
+    if root in BANNED_IMPORTS:
+        return f"imports {name}"
+    if root == "plexrl":
+        own = package.split(".")[:2]
+        allowed = (*VOCABULARY, ".".join(own))
+        if not any(name == a or name.startswith(a + ".") for a in allowed):
+            return f"imports {name} (outside the vocabulary)"
+        return None
+    if root not in sys.stdlib_module_names and root != "__future__":
+        return f"imports third-party {name}"
+    return None
+
+
+def _call_offence(node: ast.Call) -> str | None:
+    name = _dotted(node.func)
+    if name is None:
+        return None
+    if name in BANNED_CALLS:
+        return f"calls {name}()"
+    if "." in name and name.split(".")[0] in BANNED_IMPORTS:
+        return f"calls {name}()"
+    return None
+
+
+def scan_source(source: str, path: str = "<string>", package: str = "plexrl.core"
+                ) -> list[Offence]:
+    """Offences in one module of ``package``, in source order."""
+    offences = []
+    for node in ast.walk(ast.parse(source, filename=path)):
+        whats: list[str | None] = []
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            whats = [_import_offence(n, package) for n in _imported_names(node, package)]
+        elif isinstance(node, ast.Call):
+            whats = [_call_offence(node)]
+        offences += [Offence(path, node.lineno, w) for w in whats if w]
+    return sorted(offences, key=lambda o: (o.line, o.what))
+
+
+def scan_package(directory: Path) -> list[Offence]:
+    """Offences in every module under ``directory`` (a package inside REPO)."""
+    offences = []
+    for file in sorted(directory.rglob("*.py")):
+        package = ".".join(file.parent.relative_to(REPO).parts)
+        offences += scan_source(file.read_text(), str(file.relative_to(REPO)), package)
+    return offences
+
+
+@pytest.mark.parametrize(("source", "what"), [
+    *[(f"import {m}", f"imports {m}") for m in sorted(BANNED_IMPORTS)],
+    ("from concurrent.futures import Future", "imports concurrent.futures.Future"),
+    ("from time import monotonic", "imports time.monotonic"),
+    ("import os.path as p", "imports os.path"),
+    *[(f"{c}(x)", f"calls {c}()") for c in sorted(BANNED_CALLS)],
+    ("now = time.monotonic()", "calls time.monotonic()"),
+    ("stamp = datetime.datetime.now()", "calls datetime.datetime.now()"),
+    ("x = random.random()", "calls random.random()"),
+    ("import numpy as np", "imports third-party numpy"),
+    ("from plexrl.sim import loop", "imports plexrl.sim.loop (outside the vocabulary)"),
+    ("from .. import timeline", "imports plexrl.timeline (outside the vocabulary)"),
+])
+def test_scanner_catches_each_offence_kind(source, what):
+    text = f'"""A module."""\n\n\ndef f(x):\n    {source}\n'
+    offences = scan_source(text, "plexrl/core/bad.py")
+    assert [str(o) for o in offences] == [f"plexrl/core/bad.py:5: {what}"]
+
+
+def test_scanner_allows_pure_code():
+    source = (
+        "from __future__ import annotations\n"
+        "import dataclasses, enum, heapq, math\n"
+        "from typing import TYPE_CHECKING\n"
+        "from plexrl.protocol import JobId\n"
+        "from plexrl.errors import PlexError\n"
+        "from plexrl.core.snapshot import Snapshot\n"
+        "from . import events\n"
+        "def f(rng, now_s, job):\n"
+        "    return sorted([rng.random(), job.id, math.floor(now_s), hash_of(job)])\n"
+    )
+    assert scan_source(source) == []
+
+
+def test_core_is_pure():
+    offences = scan_package(CORE_DIR)
+    assert not offences, "\n".join(map(str, offences))
