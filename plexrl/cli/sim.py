@@ -9,6 +9,7 @@ Must not know: how the simulation works.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ def run_sim(args) -> int:
     from plexrl.sim.scenario import load_scenario
     scenario = load_scenario(args.scenario, tuple(args.overrides))
     seed = scenario.seed if args.seed is None else args.seed
+    if seed < 0:
+        raise ConfigError("seed must be 0 or more", field="--seed", value=seed, fix="pass --seed 0")
     out = _check_out(args.out)
     from plexrl.sim.preflight import preflight
     preflight(scenario)
@@ -45,6 +48,8 @@ def _check_out(out: str | None) -> Path | None:
     if out is None:
         return None
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError("--out must be a directory", file=out, fix="name a new or existing directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"--out cannot be a directory: {existing} is not a writable directory",
+                          file=out, fix="name a new or existing directory you can write to")
     return path

@@ -15,6 +15,7 @@ from plexrl.core.cluster import Direction
 from plexrl.core.costs import lane_bytes
 from plexrl.core.jobs import keys_of, pinned_to_host, state_bytes
 from plexrl.core.snapshot import CallView, JobView, Snapshot, StateView
+from plexrl.core.usage import host_room
 from plexrl.protocol import Function, State, StateKey, Tier
 
 
@@ -134,11 +135,16 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
     decl = spec.model(p.role)
     group = snap.cluster.worker_groups[p.wg]
     usable = snap.cluster.device_of(p.wg).usable_bytes
+    room = host_room(snap, p.wg)  # a new job's States start on HOST while it has room, else DISK
     for key in keys_of(p.job, decl, p.copy):
         nbytes = state_bytes(decl, p.copy, key.state, group.num_devices, usable)
+        pinned = pinned_to_host(decl, key.state)
         tier = Tier.DROPPED if key.state == State.KV_CACHE else Tier.HOST
-        states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier,
-                                pinned=pinned_to_host(decl, key.state))
+        if tier == Tier.HOST and not pinned and nbytes > room:
+            tier = Tier.DISK
+        elif tier == Tier.HOST:
+            room -= nbytes
+        states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier, pinned=pinned)
     pending = snap.pending
     placed = {(r, c) for r, c, _ in spec.candidates} <= set(bindings)
     if placed:

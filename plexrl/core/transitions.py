@@ -63,7 +63,8 @@ def make_resident(snap: Snapshot, wg: WorkerGroupId, keys: tuple[StateKey, ...],
     need = sum(v.num_bytes for v in arriving) + workspace_bytes
     free = device_free(snap, wg)
     if need > free:
-        return restores + _evict(snap, wg, need - free, set(keys) | set(protect), for_call)
+        return restores + _evict(snap, wg, need - free, set(keys) | set(protect), for_call,
+                                 host_reserved=restore_bytes)
     moves = restores
     for v in arriving:
         src_reason = "rebuild" if v.tier == Tier.DROPPED else reason
@@ -78,7 +79,7 @@ def _move(view: StateView, dst: Tier, wg: WorkerGroupId, reason: str,
 
 
 def _evict(snap: Snapshot, wg: WorkerGroupId, shortfall: float, keep: set[StateKey],
-           for_call: CallId | None) -> list[Move]:
+           for_call: CallId | None, host_reserved: float = 0.0) -> list[Move]:
     """Evictions freeing at least ``shortfall`` bytes, cheapest first; [] if impossible now."""
     victims = [s for s in snap.states_on(wg)
                if s.key not in keep and is_resident(s) and not s.pinned]
@@ -96,7 +97,7 @@ def _evict(snap: Snapshot, wg: WorkerGroupId, shortfall: float, keep: set[StateK
             moves.append(_move(view, Tier.HOST, wg, "evict", for_call))
             to_host += view.num_bytes
         freed += view.num_bytes
-    room = host_room(snap, wg)
+    room = host_room(snap, wg) - host_reserved  # restores issued with these moves land on HOST too
     if to_host > room:
         return _spill(snap, wg, to_host - room, keep)
     return moves

@@ -26,6 +26,7 @@ SAVING_BARS = (("vs_split_async", "vs split-async (searched)"),
                ("vs_split_async_fixed", "vs split-async (fixed sizes)"),
                ("ideal_vs_split_async", "ideal bound"),
                ("reference", "paper"))
+SWEEP_ORDER = ("vs_split_async", "vs_colocated")
 DPI = 120
 
 
@@ -61,15 +62,21 @@ def trace_timeline(trace: Trace, group: str) -> Timeline:
         moves[wg] = timeline.track(f"{wg} moves", group)
     for c in trace.calls:
         timeline.span(calls[c.wg], f"{c.job} {c.function.value} k={c.step}", c.start_s,
-                      c.end_s - c.start_s, category="call",
+                      _dur_s(c.start_s, c.end_s), category="call",
                       args={"job": str(c.job), "function": c.function.value, "step": c.step,
                             "useful_gpu_s": round(c.useful_gpu_s, 6)})
     for m in trace.moves:
-        timeline.span(moves[m.wg], f"{m.job} {m.what}", m.start_s, m.end_s - m.start_s,
+        timeline.span(moves[m.wg], f"{m.job} {m.what}", m.start_s, _dur_s(m.start_s, m.end_s),
                       category="move",
                       args={"job": str(m.job), "what": m.what, "reason": m.reason,
                             "num_bytes": m.num_bytes})
     return timeline
+
+
+def _dur_s(start_s: float, end_s: float) -> float:
+    """A duration whose microseconds end where ``end_s`` rounds to: back-to-back calls stay
+    back to back (rounding start and duration apart can overlap them by 1 us)."""
+    return (round(end_s * 1e6) - round(start_s * 1e6)) / 1e6
 
 
 def _pyplot():
@@ -79,8 +86,8 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path, rect: tuple = (0, 0, 1, 1)) -> Path:
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=DPI, metadata={"Software": None})
     _pyplot().close(fig)
     return path
@@ -157,7 +164,8 @@ def _savings_figure(path: Path, report: dict, title: str) -> Path:
 
 def _sweep_figure(path: Path, axis: str, entry: dict, title: str) -> Path:
     plt = _pyplot()
-    metrics = list(next(iter(entry["savings"].values()), {}))
+    found = list(next(iter(entry["savings"].values()), {}))
+    metrics = sorted(found, key=lambda m: (SWEEP_ORDER.index(m) if m in SWEEP_ORDER else 9, m))
     fig, axes = plt.subplots(1, max(len(metrics), 1), figsize=(5.5 * max(len(metrics), 1), 4),
                              squeeze=False)
     values = entry["values"]
@@ -166,13 +174,19 @@ def _sweep_figure(path: Path, axis: str, entry: dict, title: str) -> Path:
         for k, (model, stats) in enumerate(entry["savings"].items()):
             color = colors[k % len(colors)]
             ax.plot(values, [100 * _nan(v) for v in stats[metric]["mean"]], "o-",
-                    color=color, label=f"{model} mean")
-            ax.plot(values, [100 * _nan(v) for v in stats[metric]["min"]], "--",
-                    color=color, label=f"{model} min")
+                    color=color, label=model)
+            ax.plot(values, [100 * _nan(v) for v in stats[metric]["min"]], "--", color=color)
         ax.axhline(0.0, color="black", linewidth=0.8)
+        if min(values) > 0 and max(values) >= 8 * min(values):  # 4k..32k tokens: even steps
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        ax.set_xticks(values, [f"{v:g}" for v in values])
         ax.set_xlabel(entry["target"])
         ax.set_ylabel("GPU-hours per step saved (%)")
         ax.set_title(metric.replace("_", " ").replace("split async", "split-async"))
-        ax.legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(axes[0][0].plot([], [], "--", color="grey")[0])
+    labels.append("min over seeds (solid: mean)")
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle(f"sweep {axis} ({title})")
-    return _save(fig, path)
+    return _save(fig, path, rect=(0, 0.07, 1, 1))

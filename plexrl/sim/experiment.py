@@ -16,6 +16,7 @@ import numpy as np
 
 from plexrl.core.placement import RolloutDemand, size_rollout_pool
 from plexrl.core.snapshot import CoreConfig
+from plexrl.errors import ConfigError
 from plexrl.protocol import JobId
 from plexrl.sim.accounting import charge, measurement_window
 from plexrl.sim.job import decode_model
@@ -42,6 +43,7 @@ class ModeResult:
     charged_gpu_s: float           #: sum over jobs, in the window
     allocated_gpu_s: float         #: sum over pools, in the window
     trace: Trace
+    chosen: Sizes                  #: the sizes it ran at
 
     def mean(self, name: str) -> float:
         return float(np.mean([getattr(j, name) for j in self.jobs.values()]))
@@ -62,7 +64,11 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
     layout = build_layout(s, mode, workloads, sizes, seed)
     trace = simulate(s, layout)
     ends = {job: sim_job.log.step_end for job, sim_job in layout.jobs.items()}
-    window = measurement_window(ends, s.warmup_steps)
+    try:
+        window = measurement_window(ends, s.warmup_steps)
+    except ValueError as err:
+        raise ConfigError(str(err), file=s.source, field="num_steps", value=s.num_steps,
+                          fix=f"simulate more steps than warmup_steps ({s.warmup_steps}) + 2") from None
     devices = {wg: spec.num_devices for wg, spec in layout.cluster.worker_groups.items()}
     charges = charge(trace, devices, layout.bound, ends, window)
     alone = _alone_step_s(s, mode, workloads, sizes, seed) if with_alone else {}
@@ -78,7 +84,7 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
             decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[s.warmup_steps:])),
             slowdown=step_s / alone[job] if job in alone else 1.0)
     return ModeResult(mode, sizes.of(mode), jobs, sum(charges.charged.values()),
-                      sum(charges.allocated.values()), trace)
+                      sum(charges.allocated.values()), trace, sizes)
 
 
 def _step_s(ends: list[float], warmup_steps: int) -> float:

@@ -24,6 +24,7 @@ from plexrl.sim.scenario import ClusterConfig, ModelConfig, WorkloadConfig
 from plexrl.sim.workload import DecodeModel, RolloutResult, ToolModel, sample_lengths, simulate_rollout
 
 FLOPS_PER_TOKEN = {Function.LOGPROBS: 2.0, Function.FORWARD_BACKWARD: 6.0}
+MAX_STEPS_FACTOR = 50
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class SimJob:
                  workspace_frac: float):
         self.job, self.workload, self.model, self.cluster = job, workload, model, cluster
         self.staleness, self.num_steps, self.workspace_frac = staleness, num_steps, workspace_frac
+        self.max_steps = MAX_STEPS_FACTOR * num_steps  # a fast job steps on while a slow one finishes
         self.decode = decode_model(model, cluster)
         self.tool = (ToolModel(workload.tool_calls_mean, workload.tool_latency_median_s,
                                workload.tool_latency_sigma) if workload.tool_calls_mean else None)
@@ -113,7 +115,7 @@ class SimJob:
     def _maybe_generate(self, now, next_call) -> CallQueued | None:
         k = self.generated
         want = max(0, k - self.staleness)
-        if k >= self.num_steps or self.generate_done < k or self.synced < want:
+        if k >= self.max_steps or self.generate_done < k or self.synced < want:
             return None
         self.generated += 1
         return self._call(Function.GENERATE, Role.POLICY, now, next_call, step=k, version=want,
@@ -139,6 +141,7 @@ class SimJob:
 
     @property
     def done(self) -> bool:
+        """Has the job its ``num_steps``? It keeps stepping until every job of the run has."""
         return self.trained >= self.num_steps
 
     # -- the truth of each call -----------------------------------------------------------

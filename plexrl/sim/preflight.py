@@ -19,6 +19,8 @@ from plexrl.sim.scenario import Scenario
 
 ROLLOUT_FIELD = {"colocated": "colocated_gpus", "split-async": "split_rollout_gpus",
                  "plexrl": "plexrl_private_gpus", "plexrl-on-policy": "plexrl_private_gpus"}
+CHOICES_FIELD = {"colocated_gpus": "colocated_choices", "split_rollout_gpus": "split_rollout_choices",
+                 "plexrl_private_gpus": "plexrl_private_choices"}
 
 
 def preflight(s: Scenario) -> None:
@@ -40,5 +42,8 @@ def _check_layout(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Siz
             if isinstance(decision, Reject):
                 rollout = mode == "colocated" or f"{Copy.ROLLOUT} copy" in decision.reason
                 field = ROLLOUT_FIELD[mode] if rollout else "train_gpus"
+                value = getattr(sizes, field)
+                if value != getattr(fixed_sizes(s.sizes[model]), field):
+                    field = CHOICES_FIELD[field]  # the bad size came from the search's choices
                 raise ConfigError(f"in mode {mode}, {decision.reason}", file=s.source,
-                                  field=f"sizes.{model}.{field}", value=getattr(sizes, field))
+                                  field=f"sizes.{model}.{field}", value=value)

@@ -9,7 +9,7 @@ model provides ``models[<model>]`` and ``savings[<model>]``. Must not know: the 
 
 from __future__ import annotations
 
-from plexrl.sim.experiment import ModeResult, fixed_sizes, run_mode, search
+from plexrl.sim.experiment import ModeResult, core_private_gpus, fixed_sizes, run_mode, search
 from plexrl.sim.scenario import Scenario
 
 #: PAPER.md: GPU-hours per training step saved against split-async.
@@ -55,9 +55,13 @@ def run_experiment(s: Scenario, name: str, seed: int) -> dict:
         shared = mode in SHARED_MODES
         sized[mode] = search(s, mode, exp.workloads, seed, with_alone=shared)
         fixed[mode] = run_mode(s, mode, exp.workloads, fixed_sizes(table), seed, with_alone=shared)
+    modes = {m: mode_json(r) for m, r in sized.items()}
+    for mode in modes:
+        if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
+            modes[mode]["core_estimate_private_gpus"] = core_private_gpus(s, exp.workloads[0], mode, table)
     return {"model": s.models[s.workloads[exp.workloads[0]].model].name,
             "workloads": list(exp.workloads), "description": exp.description,
-            "modes": {m: mode_json(r) for m, r in sized.items()},
+            "modes": modes,
             "fixed": {m: mode_json(r) for m, r in fixed.items()},
             "savings": savings(sized, fixed)}, sized
 
@@ -99,4 +103,11 @@ def render_table(report: dict) -> str:
         ref = report["reference"][model]["vs_split_async"]
         lines.append(f"  {model:<22}{_pct(sv['vs_split_async']):>9}{_pct(sv['vs_split_async_fixed']):>9}"
                      f"{_pct(sv['ideal_vs_split_async']):>8}{_pct(sv['vs_colocated']):>9}{_pct(ref):>8}")
+    lines += ["", "  experiments (plexrl: per-job slowdown against the job alone)"]
+    for name, exp in report["experiments"].items():
+        sv = exp["savings"]
+        slow = " ".join(f"{job}={r['slowdown']:.3f}" for job, r in exp["modes"]["plexrl"]["jobs"].items()) \
+            if "plexrl" in exp["modes"] else ""
+        lines.append(f"  {name:<18} vs split {_pct(sv['vs_split_async'])}  vs coloc "
+                     f"{_pct(sv['vs_colocated'])}  {slow}")
     return "\n".join(lines)

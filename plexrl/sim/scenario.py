@@ -96,12 +96,12 @@ class SizesConfig:
     """GPUs per job in each mode: CALIBRATION 6.4's fixed size and the sizing search's choices."""
 
     colocated_gpus: int = option(unit="count", min=1)
-    colocated_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+    colocated_choices: tuple[int, ...] = option(default_factory=tuple, unit="count", min=1)
     split_rollout_gpus: int = option(unit="count", min=1)
-    split_rollout_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+    split_rollout_choices: tuple[int, ...] = option(default_factory=tuple, unit="count", min=1)
     train_gpus: int = option(unit="count", min=1, doc="training pool, split-async and plexrl")
     plexrl_private_gpus: int = option(unit="count", min=1)
-    plexrl_private_choices: tuple[int, ...] = option(default_factory=tuple, unit="count")
+    plexrl_private_choices: tuple[int, ...] = option(default_factory=tuple, unit="count", min=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +126,7 @@ class SweepConfig:
 class Scenario:
     name: str = option(doc="scenario name")
     description: str = option("")
-    seed: int = option(0, unit="count")
+    seed: int = option(0, unit="count", min=0)
     num_steps: int = option(10, unit="count", min=2, doc="training steps simulated per job")
     warmup_steps: int = option(2, unit="count", min=1, doc="steps left out of the measurement")
     modes: tuple[str, ...] = option(MODES, choices=MODES)
@@ -171,6 +171,9 @@ def load_scenario(name_or_path: str, overrides: tuple[str, ...] = ()) -> Scenari
 
 def validate(s: Scenario, file: str) -> None:
     """Cross-field checks the schema cannot express."""
+    if not s.modes:
+        raise ConfigError("no modes to simulate", file=file, field="modes", value=[],
+                          fix=f"list one or more of {', '.join(MODES)}")
     if s.warmup_steps >= s.num_steps:
         raise ConfigError("warmup must leave steps to measure", file=file, field="warmup_steps",
                           value=s.warmup_steps, fix=f"set it below num_steps ({s.num_steps})")

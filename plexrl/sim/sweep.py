@@ -8,9 +8,10 @@ Must not know: the CLI, plots, how an experiment is simulated (``run_mode`` does
 
 Departures from ``build_report``:
 
-- no sizing search: every mode runs at CALIBRATION 6.4's fixed sizes (``search_sizes=false``
-  is set on every variant), because the search multiplies the runs by the size choices and
-  a sweep is already axes x values x seeds runs; so "sized" and "fixed" are the same run;
+- sizes are searched once, at the base point (the scenario as given, the first seed), and
+  held there for every variant (``search_sizes=false`` is set on the variants): a search per
+  variant would multiply the axes x values x seeds runs by the size choices. With
+  ``search_sizes = false`` in the scenario, CALIBRATION 6.4's fixed sizes are used;
 - no alone runs (``with_alone=False``): slowdown is not reported here;
 - a variant is the loaded scenario (command-line ``--set`` overrides included) with the
   axis override and ``search_sizes=false`` laid over it, then validated as a file would be.
@@ -29,7 +30,8 @@ import numpy as np
 
 from plexrl.config import apply_overrides, build
 from plexrl.errors import ConfigError
-from plexrl.sim.experiment import fixed_sizes, run_mode
+from plexrl.sim.experiment import fixed_sizes, run_mode, search
+from plexrl.sim.modes import Sizes
 from plexrl.sim.report import savings
 from plexrl.sim.scenario import Scenario, validate
 
@@ -82,20 +84,33 @@ def first_experiments(s: Scenario) -> dict[str, str]:
     return out
 
 
-def run_point(s: Scenario, seed: int) -> dict[str, dict[str, float | None]]:
+def base_sizes(s: Scenario, seed: int) -> dict[str, dict[str, Sizes]]:
+    """Experiment -> mode -> the sizes every variant runs at (searched at the base point)."""
+    out = {}
+    for name in first_experiments(s).values():
+        workloads = s.experiments[name].workloads
+        fixed = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
+        out[name] = {mode: search(s, mode, workloads, seed, with_alone=False).chosen
+                     if s.search_sizes else fixed for mode in s.modes}
+    return out
+
+
+def run_point(s: Scenario, seed: int, sizes: dict[str, dict[str, Sizes]] | None = None
+              ) -> dict[str, dict[str, float | None]]:
     """The savings of one variant and seed: model -> metric -> saving (None: mode not run)."""
     out = {}
     for model, name in first_experiments(s).items():
         workloads = s.experiments[name].workloads
-        sizes = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
-        results = {mode: run_mode(s, mode, workloads, sizes, seed, with_alone=False)
+        fixed = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
+        results = {mode: run_mode(s, mode, workloads, sizes[name][mode] if sizes else fixed,
+                                  seed, with_alone=False)
                    for mode in s.modes}
         saved = savings(results, results)
         out[model] = {metric: saved[metric] for metric in METRICS}
     return out
 
 
-def _run_point(job: tuple[Scenario, int]) -> dict:
+def _run_point(job: tuple) -> dict:
     return run_point(*job)
 
 
@@ -115,7 +130,8 @@ def run_sweep(s: Scenario, seed: int, max_workers: int | None = None) -> dict:
               for i in range(len(a.values)) for k in seeds]
     variants = {(axis, i): variant(s, expand(s, a.target, v))
                 for axis, a in s.sweep.axes.items() for i, v in enumerate(a.values)}
-    jobs = [(variants[(axis, i)], k) for axis, i, k in points]
+    sizes = base_sizes(s, seed)
+    jobs = [(variants[(axis, i)], k, sizes) for axis, i, k in points]
     workers = max_workers or min(2, os.cpu_count() or 1)
     if workers == 1:
         saved = [_run_point(job) for job in jobs]
@@ -133,12 +149,14 @@ def run_sweep(s: Scenario, seed: int, max_workers: int | None = None) -> dict:
                     mean, low = _summary([by_point[(axis, i, k)][m][metric] for k in seeds])
                     table[m][metric]["mean"].append(mean)
                     table[m][metric]["min"].append(low)
-                    if mean is not None and mean < 0.01:
+                    if mean is not None and mean < 0:
                         negative.append({"axis": axis, "value": value, "model": m,
                                          "metric": metric, "mean": mean})
         sweep[axis] = {"target": a.target, "values": list(a.values), "savings": table}
+    chosen = {name: {mode: dataclasses.asdict(sz) for mode, sz in modes.items()}
+              for name, modes in sizes.items()}
     return {"scenario": s.name, "seed": seed, "seeds": s.sweep.seeds, "sweep": sweep,
-            "negative": negative}
+            "negative": negative, "sizes": chosen}
 
 
 def _cell(mean: float | None, low: float | None) -> str:
@@ -151,13 +169,13 @@ def render_sweep(report: dict) -> str:
     """A plain-text table per axis: rows (model, metric), columns the values, mean / min."""
     lines = [f"scenario {report['scenario']}  seeds {report['seed']}.."
              f"{report['seed'] + report['seeds'] - 1}  (mean / min saving over seeds;"
-             " fixed sizes)"]
+             " sizes held at the base point)"]
     for axis, entry in report["sweep"].items():
-        head = "".join(f"{_fmt(v):>17}" for v in entry["values"])
+        head = "".join(f"{_fmt(v):>19}" for v in entry["values"])
         lines += ["", f"{axis}  ({entry['target']})", f"  {'model':<22}{'metric':<16}{head}"]
         for model, metrics in entry["savings"].items():
             for metric, stats in metrics.items():
-                cells = "".join(f"{_cell(m, lo):>17}" for m, lo in zip(stats["mean"], stats["min"]))
+                cells = "".join(f"{_cell(m, lo):>19}" for m, lo in zip(stats["mean"], stats["min"]))
                 lines.append(f"  {model:<22}{metric:<16}{cells}")
     lines.append("")
     if report["negative"]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from plexrl.errors import ConfigError
+from plexrl.sim import sweep as sweep_module
 from plexrl.sim.artifacts import write_artifacts
 from plexrl.sim.report import build_report
 from plexrl.sim.scenario import load_scenario
@@ -71,7 +72,7 @@ def test_star_over_a_value_is_a_config_error(tiny):
 # --- the sweep report ----------------------------------------------------------------------
 
 def test_sweep_json_shape(sweep, tiny):
-    assert set(sweep) == {"scenario", "seed", "seeds", "sweep", "negative"}
+    assert set(sweep) == {"scenario", "seed", "seeds", "sweep", "negative", "sizes"}
     assert (sweep["scenario"], sweep["seed"], sweep["seeds"]) == ("tiny-sweep", 3, 2)
     assert list(sweep["sweep"]) == ["tail_sigma", "max_length"]
     for axis, entry in sweep["sweep"].items():
@@ -107,6 +108,31 @@ def test_negative_lists_exactly_the_negative_means(sweep):
                 if entry["savings"][model][metric]["mean"][i] < 0]
     assert sweep["negative"] == expected
     assert all(n["mean"] < 0 for n in sweep["negative"])
+
+
+def test_sweep_assembles_means_mins_and_negatives_in_order(tiny, monkeypatch):
+    """With a fake run_point whose savings encode (variant, seed), every cell is known."""
+    def fake(s, seed, sizes=None):
+        sigma = s.workloads["math235b"].length_sigma
+        tokens = s.workloads["math235b"].max_response_tokens
+        base = sigma - 1 + tokens / 1e5 + seed / 100
+        return {m: {"vs_split_async": base + k, "vs_colocated": None if k else -base}
+                for k, m in enumerate(MODELS)}
+
+    monkeypatch.setattr(sweep_module, "run_point", fake)
+    report = run_sweep(tiny, 3, max_workers=1)
+    tail = report["sweep"]["tail_sigma"]["savings"]
+    # sigma 0.5: base = -0.5 + 0.16384 + (0.03, 0.04); sigma 1.2: 0.2 + 0.16384 + (...)
+    assert tail[MODELS[0]]["vs_split_async"] == {"mean": [-0.30116, 0.39884],
+                                                 "min": [-0.30616, 0.39384]}
+    assert tail[MODELS[0]]["vs_colocated"] == {"mean": [0.30116, -0.39884],
+                                               "min": [0.29616, -0.40384]}
+    assert tail[MODELS[1]]["vs_colocated"] == {"mean": [None, None], "min": [None, None]}
+    assert [(n["axis"], n["value"], n["model"], n["metric"]) for n in report["negative"]] == [
+        ("tail_sigma", 0.5, MODELS[0], "vs_split_async"),
+        ("tail_sigma", 1.2, MODELS[0], "vs_colocated"),
+        ("max_length", 2048.0, MODELS[0], "vs_split_async"),  # sigma 0.8: base < 0
+        ("max_length", 8192.0, MODELS[0], "vs_split_async")]
 
 
 def test_sweep_is_deterministic_and_independent_of_workers(sweep, tiny):
@@ -160,6 +186,9 @@ def test_timeline_has_worker_group_tracks_and_moves(e2e):
     shared = {e["args"]["job"] for e in calls if names[e["tid"]] == "train-shared"}
     assert shared == {"j0-math7b", "j1-math7b"}
     assert any(e["name"] == "j0-math7b generate k=0" for e in calls)
+    for track in call_tracks:  # one call at a time per worker group, even in microseconds
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in calls if names[e["tid"]] == track)
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
     assert moves and all(names[e["tid"]].endswith(" moves") for e in moves)
     assert all({"reason", "num_bytes"} <= set(e["args"]) for e in moves)
 

@@ -8,7 +8,6 @@ boundaries), so the closed-form segment arithmetic has something independent to 
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 
 import numpy as np
@@ -350,11 +349,9 @@ def test_closed_form_matches_a_per_token_reference(lengths, prompt_tokens, num_i
     assert got.stall_s == pytest.approx(want["stall"], rel=1e-6, abs=1e-12)
 
 
-def test_a_paper_scale_rollout_simulates_in_well_under_a_second():
+def test_a_paper_scale_rollout_conserves_tokens_and_keeps_instances_busy():
+    # speed is measured in bench/, not here: this checks the paper-scale case behaves
     lengths = sample_lengths(np.random.default_rng(0), 4_096, 6_000, 0.6, 16_384)
-    start_s = time.perf_counter()
     result = simulate_rollout(lengths, 300, 64, qwen3_30b_a3b(), np.random.default_rng(1))
-    wall_s = time.perf_counter() - start_s
-    assert wall_s < 1.0, f"4,096 x 16k on 64 instances took {wall_s:.2f} s"
     assert result.decode_tokens == int(lengths.sum())
     assert math.isfinite(result.makespan_s) and 0.5 < result.busy_frac <= 1.0
