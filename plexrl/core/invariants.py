@@ -97,6 +97,11 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
                                  f"{view and view.tier}, moving {view and view.moving_to}"))
     if call.function == Function.GENERATE:
         out.extend(_check_staleness(snap, call))
+    if call.function == Function.SYNC_WEIGHTS:
+        have = snap.states[StateKey(call.job, call.role, call.copy, State.WEIGHTS)].version
+        if call.version <= have:
+            out.append(Violation(Invariant.VERSION_FORWARD, f"{call.job} SYNC_WEIGHTS installs "
+                                 f"version {call.version} over version {have}"))
     return out
 
 

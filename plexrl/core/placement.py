@@ -13,22 +13,31 @@ import math
 from dataclasses import dataclass
 
 from plexrl.core.decisions import Decision, Place, Reject
-from plexrl.core.jobs import JobSpec, ModelDecl, device_bytes_needed
+from plexrl.core.jobs import (JobSpec, ModelDecl, device_bytes_needed, pinned_to_host, state_bytes,
+                              states_of)
 from plexrl.core.snapshot import Snapshot
+from plexrl.core.usage import host_room
 from plexrl.protocol import Copy, WorkerGroupId
 
 GiB = 2**30
 
 
 def admit(snap: Snapshot, spec: JobSpec) -> list[Decision]:
-    """Place every copy of a job, or reject it when some copy fits no candidate group at all."""
+    """Place every copy of a job, or reject it when some copy fits no candidate group at all.
+
+    A job whose host-pinned States (ZeRO-offload optimizer) fit the host memory but not what
+    is free of it now gets no decision: it stays pending until room is made.
+    """
     decisions: list[Decision] = []
     for role, copy, groups in spec.candidates:
         decl = spec.model(role)
         fitting = [wg for wg in groups if _fits(snap, decl, copy, wg)]
         if not fitting:
             return [Reject(job=spec.job, reason=_no_fit_reason(snap, spec, decl, copy, groups))]
-        best = min(fitting, key=lambda wg: _score(snap, wg))
+        roomy = [wg for wg in fitting if _pinned_bytes(snap, decl, copy, wg) <= host_room(snap, wg)]
+        if not roomy:
+            return []
+        best = min(roomy, key=lambda wg: _score(snap, wg))
         decisions.append(Place(job=spec.job, role=role, copy=copy, wg=best))
     return decisions
 
@@ -45,9 +54,23 @@ def _need_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) 
     return device_bytes_needed(decl, copy, group.num_devices, snap.cluster.device_of(wg).usable_bytes)
 
 
+def _pinned_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> int:
+    """Bytes of the copy's States that live on HOST for good."""
+    group = snap.cluster.worker_groups[wg]
+    usable = snap.cluster.device_of(wg).usable_bytes
+    return sum(state_bytes(decl, copy, s, group.num_devices, usable)
+               for s in states_of(decl, copy) if pinned_to_host(decl, s))
+
+
+def _host_bytes(snap: Snapshot, wg: WorkerGroupId) -> float:
+    nodes = snap.cluster.worker_groups[wg].nodes
+    return min(snap.cluster.nodes[n].host_bytes for n in nodes) * len(nodes)
+
+
 def _fits(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
     return (_layout_ok(snap, decl, copy, wg)
-            and _need_bytes(snap, decl, copy, wg) <= snap.cluster.device_budget(wg))
+            and _need_bytes(snap, decl, copy, wg) <= snap.cluster.device_budget(wg)
+            and _pinned_bytes(snap, decl, copy, wg) <= _host_bytes(snap, wg))
 
 
 def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
@@ -63,6 +86,9 @@ def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,
         if not _layout_ok(snap, decl, copy, wg):
             rows.append(f"{wg} ({group.num_devices} devices, purpose {group.purpose}) does not "
                         f"divide into {copy} instances of {decl.spec.name}")
+        elif _pinned_bytes(snap, decl, copy, wg) > _host_bytes(snap, wg):
+            rows.append(f"{wg} needs {_pinned_bytes(snap, decl, copy, wg) / GiB:.1f} GiB of host "
+                        f"memory for its offloaded optimizer but has {_host_bytes(snap, wg) / GiB:.1f} GiB")
         else:
             rows.append(f"{wg} needs {_need_bytes(snap, decl, copy, wg) / GiB:.1f} GiB of device "
                         f"memory but has {snap.cluster.device_budget(wg) / GiB:.1f} GiB")

@@ -45,6 +45,8 @@ def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
             continue
         if call.function == Function.GENERATE and not _version_ready(snap, call):
             continue
+        if call.function == Function.SYNC_WEIGHTS and not _version_newer(snap, call):
+            continue
         out.append(call)
     return out
 
@@ -52,6 +54,11 @@ def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
 def _version_ready(snap: Snapshot, call: CallView) -> bool:
     key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
     return snap.states[key].version == call.version
+
+
+def _version_newer(snap: Snapshot, call: CallView) -> bool:
+    key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+    return call.version > snap.states[key].version
 
 
 def _pick(snap: Snapshot, wg: WorkerGroupId, calls: list[CallView], now: float) -> CallView:

@@ -80,7 +80,8 @@ def _move(view: StateView, dst: Tier, wg: WorkerGroupId, reason: str,
 
 def _evict(snap: Snapshot, wg: WorkerGroupId, shortfall: float, keep: set[StateKey],
            for_call: CallId | None, host_reserved: float = 0.0) -> list[Move]:
-    """Evictions freeing at least ``shortfall`` bytes, cheapest first; [] if impossible now."""
+    """Evictions freeing at least ``shortfall`` bytes: KV caches (free to drop), then the
+    largest States first, so few transitions pay the fixed latency; [] if impossible now."""
     victims = [s for s in snap.states_on(wg)
                if s.key not in keep and is_resident(s) and not s.pinned]
     victims.sort(key=lambda s: (s.key.state != State.KV_CACHE, -s.num_bytes, s.key))

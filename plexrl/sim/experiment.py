@@ -75,20 +75,21 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
     jobs = {}
     for index, (job, sim_job) in enumerate(layout.jobs.items()):
         steps = charges.steps[job]
-        step_s = _step_s(ends[job], s.warmup_steps)
+        step_s = _step_s(ends[job], s.warmup_steps, s.num_steps)
         jobs[job] = JobResult(
             gpu_hours_per_step=charges.charged[job] / steps / 3600,
             useful_gpu_hours_per_step=charges.useful[job] / steps / 3600,
             step_s=step_s,
             bubble_frac=1 - charges.useful[job] / charges.charged[job],
-            decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[s.warmup_steps:])),
+            decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[s.warmup_steps:s.num_steps])),
             slowdown=step_s / alone[job] if job in alone else 1.0)
     return ModeResult(mode, sizes.of(mode), jobs, sum(charges.charged.values()),
                       sum(charges.allocated.values()), trace, sizes)
 
 
-def _step_s(ends: list[float], warmup_steps: int) -> float:
-    return (ends[-1] - ends[warmup_steps - 1]) / (len(ends) - warmup_steps)
+def _step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
+    """Mean time of the measured steps (after warm-up, up to ``num_steps``)."""
+    return (ends[num_steps - 1] - ends[warmup_steps - 1]) / (num_steps - warmup_steps)
 
 
 def _alone_step_s(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes,
@@ -99,7 +100,7 @@ def _alone_step_s(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Siz
         layout = build_layout(s, mode, (name,), sizes, seed, indexes=(index,))
         simulate(s, layout)
         for job, sim_job in layout.jobs.items():
-            out[job] = _step_s(sim_job.log.step_end, s.warmup_steps)
+            out[job] = _step_s(sim_job.log.step_end, s.warmup_steps, s.num_steps)
     return out
 
 

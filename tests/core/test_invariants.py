@@ -157,8 +157,12 @@ def _sync_step(snap):
 
 
 def stale_sync_installed() -> Case:
-    """A broken driver syncs version 1 onto rollout weights at version 2; the sync lands."""
-    broken = check_step(*_sync_step(_rollout_at_version(2, sync_to=1)))
+    """A broken planner dispatches a sync of version 1 onto rollout weights at version 2.
+
+    The honest planner holds that sync back; the checker catches it at dispatch."""
+    snap = _rollout_at_version(2, sync_to=1)
+    assert plan(snap, 0.0) == []
+    broken = check_decisions(snap, [Dispatch(1, "g1", (key("a", W, Copy.ROLLOUT),))], 0.0)
     honest = check_step(*_sync_step(_rollout_at_version(2, sync_to=3)))
     return Case(broken, honest)
 

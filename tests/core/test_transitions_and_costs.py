@@ -104,8 +104,9 @@ def test_spills_parked_states_of_the_same_node_to_disk_when_host_is_short():
 def test_spill_skips_pinned_and_needed_states():
     clus = cluster({"g0": (1, ("n0",)), "g1": (1, ("n0",))}, {"n0": 1100.0})
     # e's OPTIMIZER (300) is pinned to HOST (ZeRO-offload): the largest, but never spilled
-    snap = admitted(clus, trainer_job("c", 50, "g0"), trainer_job("b", 75, "g0", trainable=False),
-                    trainer_job("e", 25, "g1", optimizer="adamw-offload"))
+    # e first: a pinned State needs host room at admission (later jobs' States go to DISK)
+    snap = admitted(clus, trainer_job("e", 25, "g1", optimizer="adamw-offload"),
+                    trainer_job("c", 50, "g0"), trainer_job("b", 75, "g0", trainable=False))
     assert snap.states[key("e", O)].pinned and snap.states[key("e", O)].tier == HOST
     snap = with_tiers(snap, {}, job_tiers={"c": DEVICE, "b": HOST, "e": HOST})
     snap = queue(snap, 1, "b", 0, LOGPROBS)
@@ -405,14 +406,16 @@ def test_a_new_jobs_states_start_on_disk_when_host_memory_is_short():
         ("b", G, DISK), ("b", O, DISK), ("b", W, HOST)]
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a host-pinned State (ZeRO-offload optimizer) "
-                   "is placed on HOST whether or not host memory has room; admission does not "
-                   "check host memory and nothing spills to make room for it")
-def test_a_pinned_state_is_placed_on_host_even_without_room():
+def test_a_job_whose_pinned_state_finds_no_host_room_waits_pending():
     snap = Snapshot(cluster=one_group(host_bytes=400.0))
     for spec in (trainer_job("a", 50), trainer_job("p", 25, optimizer="adamw-offload")):
         snap = apply(snap, ev.JobSubmitted(spec, 0.0))
-    assert check_decisions(snap, plan(snap, 0.0), 0.0) == []
+    decisions = plan(snap, 0.0)
+    assert check_decisions(snap, decisions, 0.0) == []
+    assert "p" not in {d.job for d in decisions if isinstance(d, Place)}
+    for decision in decisions:
+        snap = assume(snap, decision, 0.0)
+    assert [s.job for s in snap.pending] == ["p"]
 
 
 def _big_cluster() -> ClusterSpec:
