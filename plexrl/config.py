@@ -284,8 +284,8 @@ def _convert_scalar(tp, value, ctx: _Ctx):
     if not accepts(value):
         raise _wrong_type(words, value, ctx)
     if tp is float:
-        if math.isnan(value):
-            raise ctx.fail("nan is not a usable number", value, fix=_plain_number(ctx))
+        if not math.isfinite(value):
+            raise ctx.fail("not a finite number", value, fix=_plain_number(ctx))
         value = float(value)
     return _check_leaf(value, ctx)
 

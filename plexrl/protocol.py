@@ -40,7 +40,7 @@ class State(enum.StrEnum):
 
 
 class Tier(enum.StrEnum):
-    """Where a State lives. DROPPED means rebuildable at no transfer cost (KV cache)."""
+    """Where a State lives. DROPPED: no bytes kept; rebuilt, not copied (KV cache)."""
 
     DEVICE = "device"
     HOST = "host"

@@ -1,6 +1,6 @@
-"""The ``plexrl`` command line (not yet written).
+"""The ``plexrl`` command line.
 
-Will own: the ``plexrl ...`` subcommands (demo, sim, up, submit, status, down) and their
-argument parsing. Heavy modules (the simulator, the runtime, ray, torch) are imported lazily
-inside the command that needs them, so ``plexrl --help`` is instant.
+Owns the ``plexrl ...`` subcommands (today: ``sim``) and their argument parsing. Heavy
+modules (the simulator; later the runtime, ray, torch) are imported lazily inside the command
+that needs them, so ``plexrl --help`` is instant.
 """

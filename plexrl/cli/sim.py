@@ -50,6 +50,6 @@ def _check_out(out: str | None) -> Path | None:
     path = Path(out)
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(f"--out cannot be a directory: {existing} is not a writable directory",
+        raise ConfigError(f"--out must be a writable directory, and {existing} is not one",
                           file=out, fix="name a new or existing directory you can write to")
     return path

@@ -43,7 +43,8 @@ class Move:
     """Start a transition of one State between tiers.
 
     ``reason``: "onload" (a queued call needs it), "prefetch" (the next call will),
-    "evict" (make room), "spill" (make host room), "rebuild" (KV cache from DROPPED).
+    "evict" (make room), "spill" (make host room), "restore" (DISK to HOST), "rebuild" (KV
+    cache from DROPPED).
     """
 
     key: StateKey

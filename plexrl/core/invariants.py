@@ -90,7 +90,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     foreign = [k for k in dec.uses if k.job != call.job]
     if foreign:
         out.append(Violation(Invariant.ISOLATION, f"call {call.call} of {call.job} uses {foreign[0]}"))
-    for key in set(needed_keys(snap, call)) | set(dec.uses):
+    for key in dict.fromkeys((*needed_keys(snap, call), *dec.uses)):
         view = snap.states.get(key)
         if view is None or not is_resident(view):
             out.append(Violation(Invariant.RESIDENT, f"call {call.call} dispatched with {key} on "

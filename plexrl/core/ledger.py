@@ -135,8 +135,11 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
     decl = spec.model(p.role)
     group = snap.cluster.worker_groups[p.wg]
     usable = snap.cluster.device_of(p.wg).usable_bytes
-    room = host_room(snap, p.wg)  # a new job's States start on HOST while it has room, else DISK
-    for key in keys_of(p.job, decl, p.copy):
+    # a new job's States start on HOST while it has room, else DISK; pinned ones (admission
+    # checked their room) are counted first
+    keys = sorted(keys_of(p.job, decl, p.copy), key=lambda k: not pinned_to_host(decl, k.state))
+    room = host_room(snap, p.wg)
+    for key in keys:
         nbytes = state_bytes(decl, p.copy, key.state, group.num_devices, usable)
         pinned = pinned_to_host(decl, key.state)
         tier = Tier.DROPPED if key.state == State.KV_CACHE else Tier.HOST

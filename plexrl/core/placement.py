@@ -1,7 +1,8 @@
 """Placement: bind a submitted job's model copies to worker groups, and size rollout pools.
 
-Owns: admission (``admit``: filter worker groups by purpose, device layout and memory, score
-by fewest bound jobs then most free memory, or ``Reject`` with the sizes when nothing can
+Owns: admission (``admit``: filter worker groups by purpose, device layout, device memory
+and host memory, score by fewest bound jobs then the largest budget, or ``Reject`` with the
+sizes when nothing can
 ever fit) and the rollout-pool sizing model (``RolloutDemand``, ``size_rollout_pool``):
 the data-parallel degree of a job's private rollout allocation that minimises GPU-hours per
 step. Must not know: queues, clocks, simulators.
@@ -17,7 +18,7 @@ from plexrl.core.jobs import (JobSpec, ModelDecl, device_bytes_needed, pinned_to
                               states_of)
 from plexrl.core.snapshot import Snapshot
 from plexrl.core.usage import host_room
-from plexrl.protocol import Copy, WorkerGroupId
+from plexrl.protocol import Copy, State, WorkerGroupId
 
 GiB = 2**30
 
@@ -68,9 +69,21 @@ def _host_bytes(snap: Snapshot, wg: WorkerGroupId) -> float:
 
 
 def _fits(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
+    """Device memory holds the copy's largest call; host memory can pass each State through."""
     return (_layout_ok(snap, decl, copy, wg)
             and _need_bytes(snap, decl, copy, wg) <= snap.cluster.device_budget(wg)
-            and _pinned_bytes(snap, decl, copy, wg) <= _host_bytes(snap, wg))
+            and _parked_bytes(snap, decl, copy, wg) <= _host_bytes(snap, wg))
+
+
+def _parked_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> int:
+    """Host bytes a copy needs at least: its pinned States and its largest other State, which
+    must pass through host memory on its way to or from DISK."""
+    group = snap.cluster.worker_groups[wg]
+    usable = snap.cluster.device_of(wg).usable_bytes
+    largest = max((state_bytes(decl, copy, s, group.num_devices, usable)
+                   for s in states_of(decl, copy)
+                   if s != State.KV_CACHE and not pinned_to_host(decl, s)), default=0)
+    return largest + _pinned_bytes(snap, decl, copy, wg)
 
 
 def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
@@ -86,15 +99,23 @@ def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,
         if not _layout_ok(snap, decl, copy, wg):
             rows.append(f"{wg} ({group.num_devices} devices, purpose {group.purpose}) does not "
                         f"divide into {copy} instances of {decl.spec.name}")
-        elif _pinned_bytes(snap, decl, copy, wg) > _host_bytes(snap, wg):
-            rows.append(f"{wg} needs {_pinned_bytes(snap, decl, copy, wg) / GiB:.1f} GiB of host "
-                        f"memory for its offloaded optimizer but has {_host_bytes(snap, wg) / GiB:.1f} GiB")
         else:
-            rows.append(f"{wg} needs {_need_bytes(snap, decl, copy, wg) / GiB:.1f} GiB of device "
-                        f"memory but has {snap.cluster.device_budget(wg) / GiB:.1f} GiB")
+            rows.append(f"{wg} " + " and ".join(_shortfalls(snap, decl, copy, wg)))
     listed = "; ".join(rows) if rows else "no candidate worker groups were given"
     return (f"job {spec.job}: {decl.role} {copy} copy of {decl.spec.name} fits no worker group: "
             f"{listed}. Fix: give it a larger worker group, more parallelism, or a smaller model")
+
+
+def _shortfalls(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> list[str]:
+    need, budget = _need_bytes(snap, decl, copy, wg), snap.cluster.device_budget(wg)
+    parked, host = _parked_bytes(snap, decl, copy, wg), _host_bytes(snap, wg)
+    out = []
+    if need > budget:
+        out.append(f"needs {need / GiB:.1f} GiB of device memory but has {budget / GiB:.1f} GiB")
+    if parked > host:
+        out.append(f"needs {parked / GiB:.1f} GiB of host memory to move its States "
+                   f"but has {host / GiB:.1f} GiB")
+    return out
 
 
 @dataclass(frozen=True)

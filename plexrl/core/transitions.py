@@ -55,10 +55,15 @@ def make_resident(snap: Snapshot, wg: WorkerGroupId, keys: tuple[StateKey, ...],
         return []  # wait for what is already moving
     missing = [v for v in views if v.tier != Tier.DEVICE]
     on_disk = [v for v in missing if v.tier == Tier.DISK]
-    restore_bytes = sum(v.num_bytes for v in on_disk)
-    if restore_bytes > host_room(snap, wg):
-        return _spill(snap, wg, restore_bytes - host_room(snap, wg), set(keys) | set(protect))
-    restores = [_move(v, Tier.HOST, wg, "restore", for_call) for v in on_disk]
+    room = host_room(snap, wg)
+    restoring = []
+    for view in on_disk:  # restore what host memory holds now; the rest in a later round
+        if view.num_bytes <= room - sum(v.num_bytes for v in restoring):
+            restoring.append(view)
+    if on_disk and not restoring:
+        return _spill(snap, wg, on_disk[0].num_bytes - room, set(keys) | set(protect))
+    restore_bytes = sum(v.num_bytes for v in restoring)
+    restores = [_move(v, Tier.HOST, wg, "restore", for_call) for v in restoring]
     arriving = [v for v in missing if v.tier != Tier.DISK]
     need = sum(v.num_bytes for v in arriving) + workspace_bytes
     free = device_free(snap, wg)

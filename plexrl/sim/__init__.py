@@ -1,1 +1,2 @@
-"""Virtual-clock driver of the core: workload models, trace replay, fake cluster, metrics."""
+"""Virtual-clock driver of the core: workload models, deployment modes, a fake cluster,
+accounting, reports and sweeps (``plexrl sim``)."""

@@ -17,7 +17,8 @@ import numpy as np
 from plexrl.core.placement import RolloutDemand, size_rollout_pool
 from plexrl.core.snapshot import CoreConfig
 from plexrl.errors import ConfigError
-from plexrl.protocol import JobId
+from plexrl.core.costs import FLOPS_PER_TOKEN
+from plexrl.protocol import Function, JobId
 from plexrl.sim.accounting import charge, measurement_window
 from plexrl.sim.job import decode_model
 from plexrl.sim.loop import Simulation, Trace
@@ -117,7 +118,7 @@ def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str,
     elif mode == "split-async":
         values, name = table.split_rollout_choices, "split_rollout_gpus"
     else:
-        values = table.plexrl_private_choices + (core_private_gpus(s, workloads[0], mode, table),)
+        values = table.plexrl_private_choices + (core_private_gpus(s, workloads, mode, table),)
         name = "plexrl_private_gpus"
     chosen = sorted({getattr(base, name), *values})
     return [replace(base, **{name: v}) for v in chosen]
@@ -135,13 +136,14 @@ def search(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int,
     return run_mode(s, mode, workloads, sizes, seed, with_alone) if with_alone else best
 
 
-def core_private_gpus(s: Scenario, workload: str, mode: str, table: SizesConfig) -> int:
+def core_private_gpus(s: Scenario, workloads: tuple[str, ...], mode: str, table: SizesConfig) -> int:
     """The core placement's choice of private rollout GPUs for a workload (its demand model)."""
-    w = s.workloads[workload]
+    w = s.workloads[workloads[0]]
     m = s.models[w.model]
     decode = decode_model(m, s.cluster)
     bw = s.cluster.hbm_bytes_per_s * decode.eta * m.rollout_tp
-    train_s = 8 * m.active_params * w.prompts_per_step * w.group_size * (
+    passes = sum(FLOPS_PER_TOKEN.values()) + (FLOPS_PER_TOKEN[Function.LOGPROBS] if w.reference_model else 0)
+    train_s = passes * m.active_params * w.prompts_per_step * w.group_size * (
         w.prompt_tokens + _mean_length(w)) / (m.mfu * s.cluster.peak_flops * table.train_gpus)
     stale = mode == "plexrl"
     demand = RolloutDemand(
@@ -152,7 +154,7 @@ def core_private_gpus(s: Scenario, workload: str, mode: str, table: SizesConfig)
         decode.dense_weight_bytes / bw,
         kv_read_s_per_token=decode.kv_bytes_per_token / bw, max_live_tokens=decode.max_live_tokens,
         rest_of_step_s=w.reward_s + m.weight_sync_s + (0.0 if stale else train_s + m.optimizer_step_s),
-        shared_devices=table.train_gpus / 2)
+        shared_devices=table.train_gpus / len(workloads))
     choices = tuple(sorted({*table.plexrl_private_choices, table.plexrl_private_gpus}))
     instances = size_rollout_pool(demand, tuple(c // m.rollout_tp for c in choices))
     return instances * m.rollout_tp

@@ -16,14 +16,14 @@ from typing import Callable
 
 import numpy as np
 
+from plexrl.core.costs import FLOPS_PER_TOKEN
 from plexrl.core.events import CallQueued
 from plexrl.core.jobs import JobSpec, ModelDecl
 from plexrl.core.snapshot import CallView
-from plexrl.protocol import CallId, Copy, Function, JobId, Role, WorkerGroupId
+from plexrl.protocol import COPY_OF, CallId, Copy, Function, JobId, Role, WorkerGroupId
 from plexrl.sim.scenario import ClusterConfig, ModelConfig, WorkloadConfig
 from plexrl.sim.workload import DecodeModel, RolloutResult, ToolModel, sample_lengths, simulate_rollout
 
-FLOPS_PER_TOKEN = {Function.LOGPROBS: 2.0, Function.FORWARD_BACKWARD: 6.0}
 MAX_STEPS_FACTOR = 50
 
 
@@ -186,7 +186,7 @@ class SimJob:
 
     def _call(self, function: Function, role: Role, now: float, next_call, *, step: int,
               version: int = 0, num_tokens: int = 0, workspace_bytes: int = 0) -> CallQueued:
-        copy = Copy.ROLLOUT if function in (Function.GENERATE, Function.SYNC_WEIGHTS) else Copy.TRAINER
+        copy = COPY_OF[function]
         seq = self._seq.get((role, copy), 0)
         self._seq[(role, copy)] = seq + 1
         return CallQueued(call=next_call(), job=self.job, seq=seq, function=function, role=role,

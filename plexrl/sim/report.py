@@ -46,7 +46,7 @@ def savings(sized: dict[str, ModeResult], fixed: dict[str, ModeResult]) -> dict:
             "vs_split_async_fixed": _saving(fixed.get("plexrl"), fixed.get("split-async"))}
 
 
-def run_experiment(s: Scenario, name: str, seed: int) -> dict:
+def run_experiment(s: Scenario, name: str, seed: int) -> tuple[dict, dict[str, ModeResult]]:
     """Every mode of one experiment, searched and fixed, with savings; JSON-ready."""
     exp = s.experiments[name]
     table = s.sizes[s.workloads[exp.workloads[0]].model]
@@ -58,7 +58,7 @@ def run_experiment(s: Scenario, name: str, seed: int) -> dict:
     modes = {m: mode_json(r) for m, r in sized.items()}
     for mode in modes:
         if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
-            modes[mode]["core_estimate_private_gpus"] = core_private_gpus(s, exp.workloads[0], mode, table)
+            modes[mode]["core_estimate_private_gpus"] = core_private_gpus(s, exp.workloads, mode, table)
     return {"model": s.models[s.workloads[exp.workloads[0]].model].name,
             "workloads": list(exp.workloads), "description": exp.description,
             "modes": modes,

@@ -198,3 +198,29 @@ def validate(s: Scenario, file: str) -> None:
     if not s.experiments:
         raise ConfigError("no experiments", file=file, field="experiments",
                           fix="add at least one [experiments.NAME] table")
+    for model, table in s.sizes.items():
+        _check_rollout_sizes(s, model, table, file)
+    for name, axis in s.sweep.axes.items():
+        if not axis.values:
+            raise ConfigError("a sweep axis needs values", file=file, field=f"sweep.axes.{name}.values",
+                              value=[], fix="list one or more values")
+        if axis.target.startswith("sizes."):
+            raise ConfigError("a sweep holds sizes at the base point; it cannot sweep them",
+                              file=file, field=f"sweep.axes.{name}.target", value=axis.target,
+                              fix="sweep a workload, model or cluster field")
+
+
+def _check_rollout_sizes(s: Scenario, model: str, table: SizesConfig, file: str) -> None:
+    """Rollout pools hold whole instances of ``rollout_tp`` devices."""
+    if model not in s.models:
+        raise ConfigError("sizes for an unknown model", file=file, field=f"sizes.{model}",
+                          fix=f"use one of {', '.join(sorted(s.models))}")
+    tp = s.models[model].rollout_tp
+    for name in ("split_rollout_gpus", "plexrl_private_gpus", "split_rollout_choices",
+                 "plexrl_private_choices"):
+        values = getattr(table, name)
+        for value in values if isinstance(values, tuple) else (values,):
+            if value % tp:
+                raise ConfigError(f"not a whole number of rollout instances of {tp} devices",
+                                  file=file, field=f"sizes.{model}.{name}", value=value,
+                                  fix=f"use a multiple of models.{model}.rollout_tp ({tp})")

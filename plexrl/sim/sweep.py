@@ -153,7 +153,7 @@ def run_sweep(s: Scenario, seed: int, max_workers: int | None = None) -> dict:
                         negative.append({"axis": axis, "value": value, "model": m,
                                          "metric": metric, "mean": mean})
         sweep[axis] = {"target": a.target, "values": list(a.values), "savings": table}
-    chosen = {name: {mode: dataclasses.asdict(sz) for mode, sz in modes.items()}
+    chosen = {name: {mode: sz.of(mode) for mode, sz in modes.items()}
               for name, modes in sizes.items()}
     return {"scenario": s.name, "seed": seed, "seeds": s.sweep.seeds, "sweep": sweep,
             "negative": negative, "sizes": chosen}

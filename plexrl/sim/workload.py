@@ -21,7 +21,7 @@ How the model departs from reality (read before trusting a number):
    no chunked prefill mixed into decode steps.
 4. Decode is a memory-bound roofline: weights plus the KV of every decoding sample are read
    once per step; compute limits at very large batches, kernel inefficiency and sampling
-   cost are folded into ``t0_s``; the matmul time of the batch (``compute_s_per_token``) is
+   cost are folded into ``t0_s``, and the matmul time of the batch (``compute_s_per_token``) is
    added, not overlapped, so large batches saturate. MoE experts touched grow linearly with the batch up to
    ``moe_saturation_batch``.
 5. Static data-parallel dispatch: the batch is cut into contiguous, near-equal chunks, one

@@ -390,8 +390,9 @@ def test_admit_places_every_copy_and_counts_earlier_copies_of_the_same_plan():
 
 
 def test_a_new_jobs_states_start_on_disk_when_host_memory_is_short():
-    # 500 bytes of host: a's WEIGHTS (100) and GRADS (200) fit, its OPTIMIZER (600) does not
-    snap = admitted(one_group(host_bytes=500.0), trainer_job("a", 50))
+    # 700 bytes of host: a's WEIGHTS (100) and GRADS (200) fit, then its OPTIMIZER (600) does
+    # not (it could pass through host memory alone, which admission requires)
+    snap = admitted(one_group(host_bytes=700.0), trainer_job("a", 50))
     assert {k.state: v.tier for k, v in snap.states.items()} == {W: HOST, G: HOST, O: DISK}
     # jobs admitted in one plan share the room; the plan keeps the host budget
     snap = Snapshot(cluster=one_group(host_bytes=1000.0))
@@ -407,8 +408,9 @@ def test_a_new_jobs_states_start_on_disk_when_host_memory_is_short():
 
 
 def test_a_job_whose_pinned_state_finds_no_host_room_waits_pending():
-    snap = Snapshot(cluster=one_group(host_bytes=400.0))
-    for spec in (trainer_job("a", 50), trainer_job("p", 25, optimizer="adamw-offload")):
+    # a's States fill the 900 bytes of host; p's pinned OPTIMIZER (600) must wait for room
+    snap = Snapshot(cluster=one_group(host_bytes=900.0))
+    for spec in (trainer_job("a", 50), trainer_job("p", 50, optimizer="adamw-offload")):
         snap = apply(snap, ev.JobSubmitted(spec, 0.0))
     decisions = plan(snap, 0.0)
     assert check_decisions(snap, decisions, 0.0) == []

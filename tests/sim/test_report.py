@@ -126,11 +126,7 @@ def _scenario_files() -> list:
     assert shipped, "no shipped scenario files found"
     params = []
     for path in shipped + data:
-        marks = ()
-        if path.name == "tiny-sweep.toml":  # not ours to edit; remove the mark once it cites
-            marks = pytest.mark.xfail(strict=True, reason="tiny-sweep.toml has value lines "
-                                      "without a source comment")
-        params.append(pytest.param(path, marks=marks, id=f"{path.parent.name}/{path.name}"))
+        params.append(pytest.param(path, id=f"{path.parent.name}/{path.name}"))
     return params
 
 
