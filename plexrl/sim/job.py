@@ -33,15 +33,12 @@ class CallCost:
 
     duration_s: float
     useful_gpu_s: float          #: GPU-seconds of compute (busy instances, training kernels)
-    tokens: int = 0              #: GENERATE: tokens decoded
-    peak_tokens_per_s: float = 0.0  #: GENERATE: saturated decode rate of the pool
 
 
 @dataclass
 class StepLog:
     """Per-step times of one job, filled as the simulation runs."""
 
-    generate_s: list[float] = field(default_factory=list)
     decode_efficiency: list[float] = field(default_factory=list)
     step_end: list[float] = field(default_factory=list)
 
@@ -180,9 +177,8 @@ class SimJob:
         mean_ctx = self.workload.prompt_tokens + float(lengths.mean()) / 2
         peak = instances * self.decode.peak_tokens_per_s(mean_ctx)
         useful = sum(result.instance_busy_s) * self.model.rollout_tp
-        self.log.generate_s.append(result.makespan_s)
         self.log.decode_efficiency.append(result.decode_tokens / (result.makespan_s * peak))
-        return CallCost(result.makespan_s, useful, result.decode_tokens, peak)
+        return CallCost(result.makespan_s, useful)
 
     def _call(self, function: Function, role: Role, now: float, next_call, *, step: int,
               version: int = 0, num_tokens: int = 0, workspace_bytes: int = 0) -> CallQueued:

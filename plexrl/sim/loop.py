@@ -49,6 +49,14 @@ class MoveRecord:
     num_bytes: int
 
 
+@dataclass(frozen=True)
+class RewardReady:
+    """A job's verifier finished scoring a step's rollout (a driver-side timer)."""
+
+    job: JobId
+    step: int
+
+
 @dataclass
 class Trace:
     """Everything that happened, for accounting and timelines."""
@@ -98,11 +106,10 @@ class Simulation:
         heapq.heappush(self._heap, (at, next(self._seq), item))
 
     def _handle(self, item, now: float) -> None:
-        if isinstance(item, tuple):  # a job's timer: its reward is ready
-            job_id, step = item
-            job = self.jobs[job_id]
-            budget = self.snap.cluster.device_budget(self.snap.jobs[job_id].bindings[(Role.POLICY, Copy.TRAINER)])
-            for call in job.training_calls(step, now, self._next_call, budget):
+        if isinstance(item, RewardReady):
+            trainer = self.snap.jobs[item.job].bindings[(Role.POLICY, Copy.TRAINER)]
+            budget = self.snap.cluster.device_budget(trainer)
+            for call in self.jobs[item.job].training_calls(item.step, now, self._next_call, budget):
                 self._fold(call)
             return
         running = self.snap.running.get(item.wg) if isinstance(item, ev.CallFinished) else None
@@ -122,7 +129,7 @@ class Simulation:
         job = self.jobs[call.job]
         if call.function == Function.GENERATE:
             job.on_generated(call.step)
-            self._push(now + job.workload.reward_s, (call.job, call.step))
+            self._push(now + job.workload.reward_s, RewardReady(call.job, call.step))
         elif call.function == Function.OPTIM_STEP:
             job.on_trained(now)
         for queued in job.advance(now, self._next_call):
