@@ -87,8 +87,7 @@ def _parked_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId
 
 
 def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
-    bound = sum(1 for job in snap.jobs.values() if wg in job.bindings.values())
-    return (bound, -snap.cluster.device_budget(wg), wg)
+    return (snap.num_bound_jobs[wg], -snap.cluster.device_budget(wg), wg)
 
 
 def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,

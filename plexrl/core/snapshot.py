@@ -9,11 +9,12 @@ builds a new Snapshot for every change (copy on write). Must not know: clocks, d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from plexrl.core.cluster import ClusterSpec
 from plexrl.core.costs import Estimates
 from plexrl.core.jobs import JobSpec
-from plexrl.protocol import (COPY_OF, CallId, Copy, Function, JobId, Role, StateKey, Tier,
+from plexrl.protocol import (COPY_OF, CallId, Copy, Function, JobId, NodeId, Role, StateKey, Tier,
                              WorkerGroupId)
 
 
@@ -81,3 +82,34 @@ class Snapshot:
 
     def states_on(self, wg: WorkerGroupId) -> list[StateView]:
         return [s for s in self.states.values() if s.wg == wg]
+
+    # Derived totals, computed once per Snapshot (it never changes) on first use; a changed
+    # Snapshot is a new object, so they can never be stale. ``plexrl.core.usage`` reads them.
+    @cached_property
+    def device_state_bytes(self) -> dict[WorkerGroupId, int]:
+        """Bytes of States on, or arriving at, each worker group's devices."""
+        used = dict.fromkeys(self.cluster.worker_groups, 0)
+        for view in self.states.values():
+            if view.tier == Tier.DEVICE or view.moving_to == Tier.DEVICE:
+                used[view.wg] += view.num_bytes
+        return used
+
+    @cached_property
+    def host_state_bytes(self) -> dict[NodeId, float]:
+        """Bytes of States parked on, or arriving at, each node's host memory."""
+        used = dict.fromkeys(self.cluster.nodes, 0.0)
+        for view in self.states.values():
+            if view.tier == Tier.HOST or view.moving_to == Tier.HOST:
+                nodes = self.cluster.worker_groups[view.wg].nodes
+                for node in nodes:
+                    used[node] += view.num_bytes / len(nodes)
+        return used
+
+    @cached_property
+    def num_bound_jobs(self) -> dict[WorkerGroupId, int]:
+        """Jobs with at least one copy bound to each worker group."""
+        count = dict.fromkeys(self.cluster.worker_groups, 0)
+        for job in self.jobs.values():
+            for wg in set(job.bindings.values()):
+                count[wg] += 1
+        return count
