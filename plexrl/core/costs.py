@@ -54,13 +54,22 @@ def lane_bytes(cluster: ClusterSpec, wg: WorkerGroupId, direction: Direction,
 
 
 def transfer_s(snap: "Snapshot", wg: WorkerGroupId, src: Tier, dst: Tier, num_bytes: float) -> float:
-    """Expected seconds of one transition; 0 for a drop, latency only for a KV rebuild."""
-    direction = Direction.of(src, dst)
+    """Expected seconds of one transition, at the learned bandwidth (else the nominal one)."""
     node = snap.cluster.node_of(wg)
+    learned = {d: snap.estimates.bytes_per_s.get((node.node, d)) or bw
+               for d, bw in node.bytes_per_s.items()}
+    return transition_s(snap.cluster, wg, src, dst, num_bytes, learned)
+
+
+def transition_s(cluster: ClusterSpec, wg: WorkerGroupId, src: Tier, dst: Tier, num_bytes: float,
+                 bytes_per_s: dict[Direction, float]) -> float:
+    """Seconds of one transition at the given bandwidths: 0 for a drop, the fixed latency only
+    for a KV rebuild, else latency + the bytes of one lane / that lane's bandwidth."""
+    direction = Direction.of(src, dst)
+    latency_s = cluster.node_of(wg).move_latency_s
     if direction is None:
-        return node.move_latency_s if dst == Tier.DEVICE else 0.0
-    bw = snap.estimates.bytes_per_s.get((node.node, direction)) or node.bytes_per_s[direction]
-    return node.move_latency_s + lane_bytes(snap.cluster, wg, direction, num_bytes) / bw
+        return latency_s if dst == Tier.DEVICE else 0.0
+    return latency_s + lane_bytes(cluster, wg, direction, num_bytes) / bytes_per_s[direction]
 
 
 def service_s(snap: "Snapshot", call: "CallView") -> float:

@@ -17,7 +17,7 @@ from plexrl.core.decisions import Decision, Place, Reject
 from plexrl.core.jobs import (JobSpec, ModelDecl, device_bytes_needed, pinned_to_host, state_bytes,
                               states_of)
 from plexrl.core.snapshot import Snapshot
-from plexrl.core.usage import host_room
+from plexrl.core.usage import host_capacity, host_room
 from plexrl.protocol import Copy, State, WorkerGroupId
 
 GiB = 2**30
@@ -63,16 +63,11 @@ def _pinned_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId
                for s in states_of(decl, copy) if pinned_to_host(decl, s))
 
 
-def _host_bytes(snap: Snapshot, wg: WorkerGroupId) -> float:
-    nodes = snap.cluster.worker_groups[wg].nodes
-    return min(snap.cluster.nodes[n].host_bytes for n in nodes) * len(nodes)
-
-
 def _fits(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
     """Device memory holds the copy's largest call; host memory can pass each State through."""
     return (_layout_ok(snap, decl, copy, wg)
             and _need_bytes(snap, decl, copy, wg) <= snap.cluster.device_budget(wg)
-            and _parked_bytes(snap, decl, copy, wg) <= _host_bytes(snap, wg))
+            and _parked_bytes(snap, decl, copy, wg) <= host_capacity(snap, wg))
 
 
 def _parked_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> int:
@@ -107,7 +102,7 @@ def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,
 
 def _shortfalls(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> list[str]:
     need, budget = _need_bytes(snap, decl, copy, wg), snap.cluster.device_budget(wg)
-    parked, host = _parked_bytes(snap, decl, copy, wg), _host_bytes(snap, wg)
+    parked, host = _parked_bytes(snap, decl, copy, wg), host_capacity(snap, wg)
     out = []
     if need > budget:
         out.append(f"needs {need / GiB:.1f} GiB of device memory but has {budget / GiB:.1f} GiB")

@@ -56,13 +56,13 @@ def make_resident(snap: Snapshot, wg: WorkerGroupId, keys: tuple[StateKey, ...],
     missing = [v for v in views if v.tier != Tier.DEVICE]
     on_disk = [v for v in missing if v.tier == Tier.DISK]
     room = host_room(snap, wg)
-    restoring = []
+    restoring, restore_bytes = [], 0
     for view in on_disk:  # restore what host memory holds now; the rest in a later round
-        if view.num_bytes <= room - sum(v.num_bytes for v in restoring):
+        if restore_bytes + view.num_bytes <= room:
             restoring.append(view)
+            restore_bytes += view.num_bytes
     if on_disk and not restoring:
         return _spill(snap, wg, on_disk[0].num_bytes - room, set(keys) | set(protect))
-    restore_bytes = sum(v.num_bytes for v in restoring)
     restores = [_move(v, Tier.HOST, wg, "restore", for_call) for v in restoring]
     arriving = [v for v in missing if v.tier != Tier.DISK]
     need = sum(v.num_bytes for v in arriving) + workspace_bytes

@@ -26,6 +26,12 @@ def host_used(snap: Snapshot) -> dict[NodeId, float]:
     return dict(snap.host_state_bytes)
 
 
+def host_capacity(snap: Snapshot, wg: WorkerGroupId) -> float:
+    """Host bytes a worker group can park when nothing else is parked (its tightest node decides)."""
+    nodes = snap.cluster.worker_groups[wg].nodes
+    return min(snap.cluster.nodes[n].host_bytes for n in nodes) * len(nodes)
+
+
 def host_room(snap: Snapshot, wg: WorkerGroupId, used: dict[NodeId, float] | None = None) -> float:
     """Bytes a worker group can still park on host memory (its tightest node decides)."""
     used = snap.host_state_bytes if used is None else used

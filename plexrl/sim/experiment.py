@@ -72,9 +72,8 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
                           fix=f"simulate more steps than warmup_steps ({s.warmup_steps}) + 2") from None
     devices = {wg: spec.num_devices for wg, spec in layout.cluster.worker_groups.items()}
     charges = charge(trace, devices, layout.bound, ends, window)
-    alone = _alone_step_s(s, mode, workloads, sizes, seed) if with_alone else {}
     jobs = {}
-    for index, (job, sim_job) in enumerate(layout.jobs.items()):
+    for job, sim_job in layout.jobs.items():
         steps = charges.steps[job]
         step_s = _step_s(ends[job], s.warmup_steps, s.num_steps)
         jobs[job] = JobResult(
@@ -83,9 +82,17 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
             step_s=step_s,
             bubble_frac=1 - charges.useful[job] / charges.charged[job],
             decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[s.warmup_steps:s.num_steps])),
-            slowdown=step_s / alone[job] if job in alone else 1.0)
-    return ModeResult(mode, sizes.of(mode), jobs, sum(charges.charged.values()),
-                      sum(charges.allocated.values()), trace, sizes)
+            slowdown=1.0)
+    result = ModeResult(mode, sizes.of(mode), jobs, sum(charges.charged.values()),
+                        sum(charges.allocated.values()), trace, sizes)
+    return with_slowdowns(s, result, workloads, seed) if with_alone else result
+
+
+def with_slowdowns(s: Scenario, result: ModeResult, workloads: tuple[str, ...], seed: int) -> ModeResult:
+    """``result`` with each job's slowdown against the same job run alone at the same sizes."""
+    alone = _alone_step_s(s, result.mode, workloads, result.chosen, seed)
+    jobs = {job: replace(r, slowdown=r.step_s / alone[job]) for job, r in result.jobs.items()}
+    return replace(result, jobs=jobs)
 
 
 def _step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
@@ -124,16 +131,23 @@ def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str,
     return [replace(base, **{name: v}) for v in chosen]
 
 
+def tried_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int) -> dict[Sizes, ModeResult]:
+    """Every size the search tries (only the fixed one without a search), without slowdowns."""
+    table = s.sizes[s.workloads[workloads[0]].model]
+    sizes = candidates(s, mode, table, workloads) if s.search_sizes else [fixed_sizes(table)]
+    return {sz: run_mode(s, mode, workloads, sz, seed, with_alone=False) for sz in sizes}
+
+
+def cheapest(tried: dict[Sizes, ModeResult]) -> ModeResult:
+    """The result with the fewest mean GPU-hours per step (ties: by sizes, deterministically)."""
+    return min(tried.values(), key=lambda r: (r.mean("gpu_hours_per_step"), str(r.chosen)))
+
+
 def search(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int,
            with_alone: bool = True) -> ModeResult:
     """The mode at its cheapest size (mean GPU-hours per step), slowdowns measured there."""
-    table = s.sizes[s.workloads[workloads[0]].model]
-    if not s.search_sizes:
-        return run_mode(s, mode, workloads, fixed_sizes(table), seed, with_alone)
-    tried = [(run_mode(s, mode, workloads, sz, seed, with_alone=False), sz)
-             for sz in candidates(s, mode, table, workloads)]
-    best, sizes = min(tried, key=lambda r: (r[0].mean("gpu_hours_per_step"), str(r[1])))
-    return run_mode(s, mode, workloads, sizes, seed, with_alone) if with_alone else best
+    best = cheapest(tried_sizes(s, mode, workloads, seed))
+    return with_slowdowns(s, best, workloads, seed) if with_alone else best
 
 
 def core_private_gpus(s: Scenario, workloads: tuple[str, ...], mode: str, table: SizesConfig) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
 from plexrl.core.cluster import ClusterSpec, Direction
-from plexrl.core.costs import lane_bytes
+from plexrl.core.costs import transition_s
 from plexrl.core.decisions import Dispatch, Move, Place, Reject
 from plexrl.core.invariants import check_decisions, check_step, enforce
 from plexrl.core.snapshot import CoreConfig, Snapshot
@@ -182,13 +182,8 @@ class Simulation:
                                         duration_s=cost.duration_s))
 
     def _move(self, move: Move, now: float) -> None:
-        node = self.snap.cluster.node_of(move.wg)
-        direction = Direction.of(move.src, move.dst)
-        if direction is None:  # a drop is free; a rebuild pays the fixed latency
-            seconds = node.move_latency_s if move.dst.value == "device" else 0.0
-        else:
-            seconds = node.move_latency_s + lane_bytes(self.snap.cluster, move.wg, direction,
-                                                       move.num_bytes) / self.achieved[direction]
+        seconds = transition_s(self.snap.cluster, move.wg, move.src, move.dst, move.num_bytes,
+                               self.achieved)
         end = now + seconds
         self.trace.moves.append(MoveRecord(move.wg, move.key.job, f"{move.key.copy}/{move.key.state}",
                                            move.reason, now, end, move.num_bytes))

@@ -9,7 +9,8 @@ model provides ``models[<model>]`` and ``savings[<model>]``. Must not know: the 
 
 from __future__ import annotations
 
-from plexrl.sim.experiment import ModeResult, core_private_gpus, fixed_sizes, run_mode, search
+from plexrl.sim.experiment import (ModeResult, cheapest, core_private_gpus, fixed_sizes, tried_sizes,
+                                   with_slowdowns)
 from plexrl.sim.scenario import Scenario
 
 #: PAPER.md: GPU-hours per training step saved against split-async.
@@ -51,10 +52,12 @@ def run_experiment(s: Scenario, name: str, seed: int) -> tuple[dict, dict[str, M
     exp = s.experiments[name]
     table = s.sizes[s.workloads[exp.workloads[0]].model]
     sized, fixed = {}, {}
-    for mode in s.modes:
-        shared = mode in SHARED_MODES
-        sized[mode] = search(s, mode, exp.workloads, seed, with_alone=shared)
-        fixed[mode] = run_mode(s, mode, exp.workloads, fixed_sizes(table), seed, with_alone=shared)
+    for mode in s.modes:  # the fixed size is always among those the search tries
+        tried = tried_sizes(s, mode, exp.workloads, seed)
+        sized[mode], fixed[mode] = cheapest(tried), tried[fixed_sizes(table)]
+        if mode in SHARED_MODES:  # baseline modes share no worker group: slowdown 1 (D14)
+            sized[mode] = with_slowdowns(s, sized[mode], exp.workloads, seed)
+            fixed[mode] = with_slowdowns(s, fixed[mode], exp.workloads, seed)
     modes = {m: mode_json(r) for m, r in sized.items()}
     for mode in modes:
         if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
