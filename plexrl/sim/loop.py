@@ -36,6 +36,7 @@ class CallRecord:
     start_s: float
     end_s: float
     useful_gpu_s: float
+    queued_s: float = 0.0        #: when the job issued the call (wait = start_s - queued_s)
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ class Simulation:
         cost = self.jobs[call.job].cost(call, devices, colocated)
         end = now + cost.duration_s
         self.trace.calls.append(CallRecord(decision.wg, call.job, call.function, call.step, now,
-                                           end, cost.useful_gpu_s))
+                                           end, cost.useful_gpu_s, call.queued_at))
         self._push(end, ev.CallFinished(call=call.call, wg=decision.wg, at=end,
                                         duration_s=cost.duration_s))
 
