@@ -19,6 +19,7 @@ from plexrl.errors import ConfigError
 from plexrl.protocol import ModelSpec
 
 MODES = ("colocated", "split-async", "plexrl", "plexrl-on-policy")
+STRATEGIES = ("isolated", "isolated+backfill", "pack", "spread", "spread+backfill")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +124,21 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TraceConfig:
+    """A cluster-level replay: a CSV of trace jobs on ``total_gpus`` GPUs, under strategies."""
+
+    file: str = option(doc="CSV of trace jobs (docs/trace-format.md), relative to the scenario file")
+    total_gpus: int = option(2048, unit="count", min=8, doc="a whole number of nodes")
+    span_s: float = option(90 * 86400.0, unit="s", min=1, doc="the window the arrivals fall in")
+    rho: float = option(unit="frac", min=0, max=100,
+                        doc="offered load: isolated GPU-s of all jobs / (total_gpus x span)")
+    strategies: tuple[str, ...] = option(STRATEGIES, choices=STRATEGIES)
+    max_tenants: int = option(3, unit="count", min=1, doc="jobs per shared training pool")
+    load_sweep: tuple[float, ...] = option((0.25, 0.5, 1.0, 1.5, 2.0), unit="frac", min=0.01,
+                                           max=100, doc="rho values of --sweep load")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str = option(doc="scenario name")
     description: str = option("")
@@ -141,6 +157,7 @@ class Scenario:
     sizes: dict[str, SizesConfig] = option(default_factory=dict)
     experiments: dict[str, ExperimentConfig] = option(default_factory=dict)
     sweep: SweepConfig = option(default_factory=SweepConfig)
+    trace: TraceConfig | None = option(None, doc="set for a cluster-level trace replay")
     source: str = field(default="", compare=False)
 
 
@@ -195,7 +212,7 @@ def validate(s: Scenario, file: str) -> None:
             raise ConfigError("jobs sharing a training pool must use one model", file=file,
                               field=f"experiments.{name}.workloads", value=list(e.workloads),
                               fix="pair workloads of the same model")
-    if not s.experiments:
+    if not s.experiments and s.trace is None:
         raise ConfigError("no experiments", file=file, field="experiments",
                           fix="add at least one [experiments.NAME] table")
     for model, table in s.sizes.items():
