@@ -71,6 +71,8 @@ class WorkerGroupSpec:
     nodes: tuple[NodeId, ...]    #: nodes its devices sit on; host copies are spread over them
     num_devices: int
     purpose: str = "any"         #: "rollout", "train" or "any": which copies it may host
+    pool: str = ""               #: carved groups: the pool class later jobs may share ("": private)
+    carved: bool = False         #: cut from free devices at admission, released with its last job
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,9 @@ class ClusterSpec:
 
     def node_of(self, wg: WorkerGroupId) -> NodeSpec:
         return self.nodes[self.worker_groups[wg].nodes[0]]
+
+    def with_group(self, spec: WorkerGroupSpec) -> "ClusterSpec":
+        return ClusterSpec(self.nodes, {**self.worker_groups, spec.wg: spec})
+
+    def without_groups(self, ids: set[WorkerGroupId]) -> "ClusterSpec":
+        return ClusterSpec(self.nodes, {w: g for w, g in self.worker_groups.items() if w not in ids})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plexrl.core.cluster import WorkerGroupSpec
 from plexrl.protocol import CallId, Copy, JobId, Role, StateKey, Tier, WorkerGroupId
 
 
@@ -19,6 +20,7 @@ class Place:
     role: Role
     copy: Copy
     wg: WorkerGroupId
+    carve: WorkerGroupSpec | None = None  #: a new group cut from free devices for this copy
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,16 @@ class TransitionFinished:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """A job's driver reports its progress: steps done and its recent step time."""
+
+    job: JobId
+    at: float
+    steps_done: float
+    step_s: float
+
+
+@dataclass(frozen=True)
 class WorkerLost:
     wg: WorkerGroupId
     at: float
@@ -64,4 +74,5 @@ class JobEnded:
     reason: str = "finished"
 
 
-Event = JobSubmitted | CallQueued | CallFinished | TransitionFinished | WorkerLost | JobEnded
+Event = (JobSubmitted | CallQueued | CallFinished | TransitionFinished | JobProgress | WorkerLost
+         | JobEnded)

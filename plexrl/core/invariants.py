@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from plexrl.core import ledger
-from plexrl.core.decisions import Decision, Dispatch, Move
+from plexrl.core.decisions import Decision, Dispatch, Move, Place
 from plexrl.core.snapshot import Snapshot
 from plexrl.core.transitions import is_resident, needed_keys
 from plexrl.core.usage import device_used, host_used
@@ -33,6 +33,7 @@ class Invariant(enum.IntEnum):
     VERSION_FORWARD = 7    # a weight version only moves forward
     STALENESS = 8          # GENERATE of step k samples from version max(0, k - s) exactly
     AFFINITY = 9           # a call runs on its copy's bound group, one call at a time
+    NODE_CAPACITY = 10     # worker groups never hold more devices of a node than it has
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ def check_snapshot(snap: Snapshot) -> list[Violation]:
         used, budget = device_used(snap, wg), snap.cluster.device_budget(wg)
         if used > budget + EPS_BYTES:
             out.append(Violation(Invariant.DEVICE_BUDGET, f"{wg} holds {used:.0f} > {budget:.0f} bytes"))
+    for node, free in snap.free_devices.items():
+        if free < 0:
+            out.append(Violation(Invariant.NODE_CAPACITY, f"{node}: groups hold {-free} devices "
+                                 f"more than it has"))
     for node, used in host_used(snap).items():
         if used > snap.cluster.nodes[node].host_bytes + EPS_BYTES:
             out.append(Violation(Invariant.HOST_BUDGET, f"{node} holds {used:.0f} host bytes"))
@@ -71,6 +76,9 @@ def check_decision(snap: Snapshot, decision: Decision) -> list[Violation]:
             return [Violation(Invariant.SINGLE_COPY, f"move of {decision.key} from {decision.src} "
                               f"but its copy is {view and view.tier}, moving {view and view.moving_to}")]
         return []
+    if isinstance(decision, Place) and decision.carve is not None \
+            and decision.carve.wg in snap.cluster.worker_groups:
+        return [Violation(Invariant.NODE_CAPACITY, f"{decision.carve.wg} cut twice")]
     if isinstance(decision, Dispatch):
         return _check_dispatch(snap, decision)
     return []

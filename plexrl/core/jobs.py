@@ -32,6 +32,23 @@ class ModelDecl:
 
 
 @dataclass(frozen=True)
+class PoolRequest:
+    """A worker group a copy needs cut from free devices at admission (a cluster job's pools).
+
+    ``pool`` names a class of shareable groups (for example a model's training pool): a later
+    job asking for the same class may be bound to this group instead of cutting its own.
+    ``same_as`` binds the copy to the group of another (role, copy) of the job.
+    """
+
+    role: Role
+    copy: Copy
+    num_devices: int = 0
+    purpose: str = "any"
+    pool: str = ""
+    same_as: tuple[Role, Copy] | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What a job declares at submission.
 
@@ -43,7 +60,15 @@ class JobSpec:
     models: tuple[ModelDecl, ...]
     candidates: tuple[tuple[Role, Copy, tuple[WorkerGroupId, ...]], ...]
     staleness: int = 0           #: GENERATE of step k uses weight version max(0, k - staleness)
-    priority: int = 0
+    priority: int = 0            #: higher is admitted first; FCFS within a priority
+    pools: tuple[PoolRequest, ...] = ()  #: copies placed on groups cut at admission
+    num_steps: int = 0           #: training steps the job will run (0: unknown)
+    step_s: float = 0.0          #: expected step time, declared or from history (0: unknown)
+
+    @property
+    def expected_s(self) -> float:
+        """Expected run time, for backfilling; infinite when unknown."""
+        return self.num_steps * self.step_s if self.num_steps and self.step_s else float("inf")
 
     def model(self, role: Role) -> ModelDecl:
         for decl in self.models:

@@ -30,6 +30,13 @@ def apply(snap: Snapshot, event: e.Event) -> Snapshot:
             return _call_finished(snap, event)
         case e.TransitionFinished():
             return _transition_finished(snap, event)
+        case e.JobProgress(job=job):
+            if job not in snap.jobs:
+                return snap
+            jobs = dict(snap.jobs)
+            jobs[job] = replace(jobs[job], steps_done=event.steps_done, step_s=event.step_s,
+                                progress_at=event.at)
+            return replace(snap, jobs=jobs)
         case e.JobEnded(job=job):
             return _job_ended(snap, job)
         case e.WorkerLost(wg=wg):
@@ -43,7 +50,9 @@ def apply(snap: Snapshot, event: e.Event) -> Snapshot:
 def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
     """Record a decision the executor has started, so the next plan sees it."""
     match decision:
-        case d.Place():
+        case d.Place(carve=carve):
+            if carve is not None:
+                snap = replace(snap, cluster=snap.cluster.with_group(carve))
             return _place(snap, decision, now)
         case d.Reject(job=job):
             return replace(snap, pending=tuple(s for s in snap.pending if s.job != job))
@@ -100,6 +109,8 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
 
 
 def _transition_finished(snap: Snapshot, ev: e.TransitionFinished) -> Snapshot:
+    if ev.key not in snap.states:
+        return snap  # the job ended while its State moved; its bytes were released then
     states = dict(snap.states)
     view = states[ev.key]
     states[ev.key] = replace(view, tier=ev.dst, moving_to=None)
@@ -114,12 +125,29 @@ def _transition_finished(snap: Snapshot, ev: e.TransitionFinished) -> Snapshot:
 
 
 def _job_ended(snap: Snapshot, job) -> Snapshot:
+    """Forget a job and release the groups cut for it that no other job is bound to.
+
+    Idempotent: ending an unknown or already ended job changes nothing.
+    """
+    if job not in snap.jobs and all(s.job != job for s in snap.pending):
+        return snap
     jobs = {j: v for j, v in snap.jobs.items() if j != job}
     states = {k: v for k, v in snap.states.items() if k.job != job}
     queued = tuple(c for c in snap.queued if c.job != job)
     running = {w: c for w, c in snap.running.items() if c.job != job}
     pending = tuple(s for s in snap.pending if s.job != job)
-    return replace(snap, jobs=jobs, states=states, queued=queued, running=running, pending=pending)
+    cluster, last_job, onloading = snap.cluster, snap.last_job, snap.onloading
+    ended = snap.jobs.get(job)
+    if ended is not None:
+        still = {wg for v in jobs.values() for wg in v.bindings.values()}
+        freed = {wg for wg in ended.bindings.values()
+                 if wg not in still and cluster.worker_groups[wg].carved}
+        if freed:
+            cluster = cluster.without_groups(freed)
+            last_job = {w: j for w, j in last_job.items() if w not in freed}
+            onloading = {w: c for w, c in onloading.items() if w not in freed}
+    return replace(snap, cluster=cluster, jobs=jobs, states=states, queued=queued, running=running,
+                   pending=pending, last_job=last_job, onloading=onloading)
 
 
 def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
@@ -149,7 +177,8 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
             room -= nbytes
         states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier, pinned=pinned)
     pending = snap.pending
-    placed = {(r, c) for r, c, _ in spec.candidates} <= set(bindings)
+    wanted = {(r, c) for r, c, _ in spec.candidates} | {(q.role, q.copy) for q in spec.pools}
+    placed = wanted <= set(bindings)
     if placed:
         pending = tuple(s for s in snap.pending if s.job != p.job)
     return replace(snap, jobs=jobs, states=states, pending=pending)

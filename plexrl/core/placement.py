@@ -82,7 +82,9 @@ def _parked_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId
 
 
 def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
-    return (snap.num_bound_jobs[wg], -snap.cluster.device_budget(wg), wg)
+    """spread: fewest bound jobs first; pack: most; then the largest budget, then by id."""
+    bound = snap.num_bound_jobs[wg]
+    return (-bound if snap.config.placement == "pack" else bound, -snap.cluster.device_budget(wg), wg)
 
 
 def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,

@@ -1,6 +1,6 @@
 """``plan(snapshot, now) -> list[Decision]``: the one scheduling entry point of PlexRL.
 
-Owns the order of a planning cycle: admit pending jobs (Place / Reject), then for every
+Owns the order of a planning cycle: admit pending jobs (Place / Reject; ``allocation``), then for every
 worker group either dispatch the call its queue policy picks once the call's States are
 resident, or issue the Moves that make them resident; while a call runs, prefetch the next
 one's States where memory allows. Decisions are assumed into a working copy as they are
@@ -13,7 +13,7 @@ from __future__ import annotations
 from plexrl.core import ledger
 from plexrl.core.costs import service_s
 from plexrl.core.decisions import Decision, Dispatch
-from plexrl.core.placement import admit
+from plexrl.core.allocation import admit_pending
 from plexrl.core.queues import Candidate, queue_by_name
 from plexrl.core.snapshot import CallView, Snapshot
 from plexrl.core.transitions import is_resident, make_resident, needed_keys, switch_in_s
@@ -23,11 +23,7 @@ from plexrl.protocol import Function, State, StateKey, WorkerGroupId
 
 def plan(snap: Snapshot, now: float) -> list[Decision]:
     """Every decision to act on now, in the order the executor should start them."""
-    decisions: list[Decision] = []
-    for spec in snap.pending:
-        for decision in admit(snap, spec):
-            snap = ledger.assume(snap, decision, now)
-            decisions.append(decision)
+    snap, decisions = admit_pending(snap, now)
     for wg in sorted(snap.cluster.worker_groups):
         for decision in _plan_group(snap, wg, now):
             snap = ledger.assume(snap, decision, now)

@@ -55,6 +55,18 @@ class JobView:
     bindings: dict[tuple[Role, Copy], WorkerGroupId]
     next_seq: dict[tuple[Role, Copy], int]   #: the seq allowed to run next, per copy
     admitted_at: float
+    steps_done: float = 0.0      #: from the last JobProgress
+    step_s: float = 0.0          #: recent step time from the last JobProgress (0: none yet)
+    progress_at: float = 0.0
+
+    @property
+    def expected_end(self) -> float:
+        """When the job should finish, from its progress (or its declared step time)."""
+        step_s = self.step_s or self.spec.step_s
+        if not self.spec.num_steps or not step_s:
+            return float("inf")
+        start = self.progress_at if self.step_s else self.admitted_at
+        return start + max(0.0, self.spec.num_steps - self.steps_done) * step_s
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,9 @@ class CoreConfig:
     prefetch: bool = True        #: onload the next call's States while the current one runs
     max_wait_s: float = 600.0    #: hrrs: a call waiting longer than this is served first (FCFS)
     ema_alpha: float = 0.3       #: weight of a new observation in learned costs
+    placement: str = "spread"    #: "spread" (fewest co-tenants, new pools first) or "pack"
+    backfill: bool = True        #: start later jobs while the first waits, if they do not delay it
+    max_tenants: int = 3         #: jobs per shareable (pooled) worker group
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,15 @@ class Snapshot:
                 for node in nodes:
                     used[node] += view.num_bytes / len(nodes)
         return used
+
+    @cached_property
+    def free_devices(self) -> dict[NodeId, int]:
+        """Devices of each node that no worker group holds."""
+        free = {n: spec.num_devices for n, spec in self.cluster.nodes.items()}
+        for group in self.cluster.worker_groups.values():
+            for node in group.nodes:
+                free[node] -= group.num_devices // len(group.nodes)
+        return free
 
     @cached_property
     def num_bound_jobs(self) -> dict[WorkerGroupId, int]:

@@ -66,6 +66,8 @@ class Trace:
     moves: list[MoveRecord] = field(default_factory=list)
     plans: int = 0
     end_s: float = 0.0
+    started: dict[JobId, float] = field(default_factory=dict)  #: when each job was placed
+    ended: dict[JobId, float] = field(default_factory=dict)    #: arrivals mode: when each job ended
 
 
 class Simulation:
@@ -73,8 +75,11 @@ class Simulation:
 
     def __init__(self, cluster: ClusterSpec, config: CoreConfig, jobs: dict[JobId, SimJob],
                  specs: dict[JobId, "ev.JobSpec"], achieved_bytes_per_s: dict[Direction, float],
-                 *, check_invariants: bool = True):
+                 *, check_invariants: bool = True, arrivals: dict[JobId, float] | None = None):
+        """``arrivals``: submit each job at its time and end it after its ``num_steps`` (a
+        trace replay); without them every job is submitted at 0 and runs to the end."""
         self.snap = Snapshot(cluster=cluster, config=config)
+        self.arrivals = arrivals
         self.jobs, self.specs = jobs, specs
         self.achieved = achieved_bytes_per_s
         self.check = check_invariants
@@ -85,7 +90,8 @@ class Simulation:
 
     def run(self, max_events: int = 10_000_000) -> Trace:
         for job in self.jobs:
-            self._push(0.0, ev.JobSubmitted(spec=self.specs[job], at=0.0))
+            at = self.arrivals[job] if self.arrivals is not None else 0.0
+            self._push(at, ev.JobSubmitted(spec=self.specs[job], at=at))
         handled = 0
         while self._heap and not all(job.done for job in self.jobs.values()):
             now = self._heap[0][0]
@@ -133,8 +139,21 @@ class Simulation:
             self._push(now + job.workload.reward_s, RewardReady(call.job, call.step))
         elif call.function == Function.OPTIM_STEP:
             job.on_trained(now)
+            if self.arrivals is not None:
+                self._report_progress(call.job, now)
         for queued in job.advance(now, self._next_call):
             self._fold(queued)
+
+    def _report_progress(self, job: JobId, now: float) -> None:
+        """Tell the core how far the job is (for backfilling); end it after its last step."""
+        sim_job = self.jobs[job]
+        ends = [self.trace.started[job], *sim_job.log.step_end]
+        recent = ends[-4:]
+        self._fold(ev.JobProgress(job=job, at=now, steps_done=sim_job.trained,
+                                  step_s=(recent[-1] - recent[0]) / (len(recent) - 1)))
+        if sim_job.done:
+            self._fold(ev.JobEnded(job=job, at=now))
+            self.trace.ended[job] = now
 
     def _next_call(self) -> int:
         return next(self._call_ids)
@@ -166,6 +185,7 @@ class Simulation:
     def _on_placed(self, decision: Place, now: float) -> None:
         job = self.snap.jobs.get(decision.job)
         if job is not None and decision.job not in [s.job for s in self.snap.pending]:
+            self.trace.started[decision.job] = now
             for queued in self.jobs[decision.job].advance(now, self._next_call):
                 self._fold(queued)
 

@@ -73,7 +73,7 @@ def build_layout(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Size
         specs[job] = jobs[job].spec((rollout,), (train,))
         for wg in dict.fromkeys((rollout, train)):
             bound.setdefault(wg, []).append(job)
-    return Layout(_cluster(s.cluster, groups), specs, jobs, bound, _achieved(s.cluster))
+    return Layout(_cluster(s.cluster, groups), specs, jobs, bound, achieved(s.cluster))
 
 
 def _pools_of(mode: str, index: int, sizes: Sizes, groups: dict) -> tuple[WorkerGroupId, WorkerGroupId]:
@@ -94,25 +94,41 @@ def _pools_of(mode: str, index: int, sizes: Sizes, groups: dict) -> tuple[Worker
 
 def _cluster(c: ClusterConfig, groups: dict[WorkerGroupId, tuple[int, str]]) -> ClusterSpec:
     """Each pool on nodes of its own; host memory and disk prorated to the devices used."""
-    device = DeviceSpec(c.gpu_name, c.device_memory_bytes, c.usable_frac, c.peak_flops,
-                        c.hbm_bytes_per_s)
-    nominal = {Direction.ONLOAD: c.nominal_onload_bytes_per_s,
-               Direction.OFFLOAD: c.nominal_offload_bytes_per_s,
-               Direction.SPILL: c.spill_bytes_per_s, Direction.RESTORE: c.restore_bytes_per_s}
     nodes, wgs = {}, {}
     for wg, (num_devices, purpose) in groups.items():
         names = []
         for first in range(0, num_devices, c.devices_per_node):
             count = min(c.devices_per_node, num_devices - first)
             node = NodeId(f"{wg}/n{first // c.devices_per_node}")
-            share = count / c.devices_per_node
-            nodes[node] = NodeSpec(node, count, device, c.host_bytes_per_node * share,
-                                   c.disk_bytes_per_node * share, nominal, c.move_latency_s)
+            nodes[node] = _node(c, node, count)
             names.append(node)
         wgs[wg] = WorkerGroupSpec(wg, tuple(names), num_devices, purpose)
     return ClusterSpec(nodes, wgs)
 
 
-def _achieved(c: ClusterConfig) -> dict[Direction, float]:
+def node_cluster(c: ClusterConfig, total_gpus: int) -> ClusterSpec:
+    """Whole nodes and no worker groups yet: groups are cut at admission (a trace replay)."""
+    if total_gpus % c.devices_per_node:
+        raise ValueError(f"{total_gpus} GPUs are not whole nodes of {c.devices_per_node}")
+    nodes = {}
+    for i in range(total_gpus // c.devices_per_node):
+        node = NodeId(f"n{i:04d}")
+        nodes[node] = _node(c, node, c.devices_per_node)
+    return ClusterSpec(nodes, {})
+
+
+def _node(c: ClusterConfig, node: NodeId, count: int) -> NodeSpec:
+    """A node of ``count`` devices; host memory and disk prorated to the devices it has."""
+    device = DeviceSpec(c.gpu_name, c.device_memory_bytes, c.usable_frac, c.peak_flops,
+                        c.hbm_bytes_per_s)
+    nominal = {Direction.ONLOAD: c.nominal_onload_bytes_per_s,
+               Direction.OFFLOAD: c.nominal_offload_bytes_per_s,
+               Direction.SPILL: c.spill_bytes_per_s, Direction.RESTORE: c.restore_bytes_per_s}
+    share = count / c.devices_per_node
+    return NodeSpec(node, count, device, c.host_bytes_per_node * share, c.disk_bytes_per_node * share,
+                    nominal, c.move_latency_s)
+
+
+def achieved(c: ClusterConfig) -> dict[Direction, float]:
     return {Direction.ONLOAD: c.onload_bytes_per_s, Direction.OFFLOAD: c.offload_bytes_per_s,
             Direction.SPILL: c.spill_bytes_per_s, Direction.RESTORE: c.restore_bytes_per_s}
