@@ -200,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.out:
             raise ConfigError("no output file", field="--out", fix="give --out FILE.csv")
+        shape = shape_of(args)
+        _mix(s, shape)  # refuse a bad mix before measuring step times
         alone = alone_step_s(s)
-        jobs = generate(s, shape_of(args), seed, alone)
+        jobs = generate(s, shape, seed, alone)
         write_csv(args.out, jobs)
         print(describe(jobs, alone, s))
     except PlexError as err:
