@@ -125,9 +125,10 @@ def _parse_row(row: list[str], header: list[str], number: int, file: str,
         raise ConfigError("unknown model", file=file, field=where("model"), value=model,
                           fix=f"use one of {', '.join(sorted(s.models))}")
     if s.workloads[workload].model != model:
-        raise ConfigError(f"workload {workload} runs model {s.workloads[workload].model}",
-                          file=file, field=where("model"), value=model,
-                          fix=f"set model to {s.workloads[workload].model} or pick another workload")
+        runs = s.workloads[workload].model
+        raise ConfigError(f"workload {workload} runs model {runs}", file=file,
+                          field=where("model"), value=model,
+                          fix=f"set model to {runs} or pick another workload")
     gpus = _number(cells["gpus"], int, where("gpus"), file)
     want = isolated_gpus(s, model)
     if gpus != want:

@@ -96,7 +96,8 @@ def _mix(s: Scenario, shape: TraceShape) -> tuple[list[str], np.ndarray]:
     for name, weight in shape.mix:
         if name not in s.workloads:
             raise ConfigError("unknown workload in the mix", file=s.source, field="mix",
-                              value=name, fix=f"use workloads of the scenario: {', '.join(sorted(s.workloads))}")
+                              value=name, fix="use workloads of the scenario: "
+                              + ", ".join(sorted(s.workloads)))
         if not weight > 0:
             raise ConfigError("mix weights must be positive", field="mix", value=(name, weight),
                               fix="drop the workload or give it a weight above 0")
@@ -135,9 +136,9 @@ def private_gpus_costs(s: Scenario, seed: int) -> dict[str, dict[int, float]]:
         costs = {}
         for gpus in sorted({*table.plexrl_private_choices, table.plexrl_private_gpus}):
             sizes = replace(fixed_sizes(table), plexrl_private_gpus=gpus)
-            costs[gpus] = float(np.mean([
-                run_mode(s, "plexrl", (w, w), sizes, seed, with_alone=False).mean("gpu_hours_per_step")
-                for w in workloads]))
+            runs = [run_mode(s, "plexrl", (w, w), sizes, seed, with_alone=False)
+                    for w in workloads]
+            costs[gpus] = float(np.mean([r.mean("gpu_hours_per_step") for r in runs]))
         out[model] = costs
     return out
 
@@ -160,7 +161,8 @@ def describe(jobs: tuple[TraceJob, ...], alone: dict[str, float], s: Scenario) -
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m plexrl.sim.tracegen", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m plexrl.sim.tracegen",
+                                description=__doc__.split("\n")[0])
     p.add_argument("scenario", help="a shipped scenario name or a TOML file with a [trace] table")
     p.add_argument("--out", help="the CSV to write (docs/trace-format.md)")
     p.add_argument("--seed", type=int, help="seed (default: the scenario's)")
@@ -179,7 +181,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def shape_of(args: argparse.Namespace) -> TraceShape:
     try:
-        mix = tuple((w.strip(), float(x)) for w, x in (item.split("=") for item in args.mix.split(",")))
+        pairs = (item.split("=") for item in args.mix.split(","))
+        mix = tuple((w.strip(), float(x)) for w, x in pairs)
     except ValueError:
         raise ConfigError("cannot read the mix", field="--mix", value=args.mix,
                           fix="write workload=weight,workload=weight") from None

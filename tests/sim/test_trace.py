@@ -151,18 +151,21 @@ def test_at_load_refuses_a_zero_load():
 
 def test_between_keeps_half_open_window_and_shifts():
     jobs = tuple(TraceJob(f"j{t}", "m", "w", 8, float(t), 1) for t in (0, 10, 20, 30))
-    assert [(j.job, j.arrival_s) for j in between(jobs, 10.0, 30.0)] == [("j10", 0.0), ("j20", 10.0)]
+    window = between(jobs, 10.0, 30.0)
+    assert [(j.job, j.arrival_s) for j in window] == [("j10", 0.0), ("j20", 10.0)]
 
 
 # -- generator -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("mean,sigma,cap", [(28.0, 1.0, 143.0), (16.0, 0.6, 48.0), (5.0, 2.0, 20.0)])
+@pytest.mark.parametrize("mean,sigma,cap",
+                         [(28.0, 1.0, 143.0), (16.0, 0.6, 48.0), (5.0, 2.0, 20.0)])
 def test_capped_lognormal_mu_gives_the_mean(mean, sigma, cap):
     mu = tracegen.capped_lognormal_mu(mean, sigma, cap)
     draws = np.minimum(np.random.default_rng(1).lognormal(mu, sigma, 400_000), cap)
     assert draws.mean() == pytest.approx(mean, rel=0.01)
 
 
-@pytest.mark.parametrize("budget,count", [(1.0, 1), (14.0, 1), (16.0, 2), (24.0, 2), (26.0, 3), (39.0, 4)])
+@pytest.mark.parametrize("budget,count",
+                         [(1.0, 1), (14.0, 1), (16.0, 2), (24.0, 2), (26.0, 3), (39.0, 4)])
 def test_count_is_the_prefix_closest_to_the_budget(budget, count):
     assert tracegen._count(np.cumsum([10.0, 10.0, 10.0, 10.0]), budget, 4) == count
 
