@@ -26,8 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, help="seed (default: the scenario's)")
     sim.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario field, e.g. models.qwen7b.mfu=0.3 (repeatable)")
-    sim.add_argument("--sweep", action="store_true",
-                     help="sweep the scenario's [sweep.axes] over its seeds instead")
+    sim.add_argument("--sweep", nargs="?", const="axes", choices=("axes", "load"),
+                     help="sweep the scenario's [sweep.axes] over its seeds instead; "
+                          "'--sweep load': a trace scenario at each rho of [trace] load_sweep")
+    sim.add_argument("--window", metavar="START:END",
+                     help="trace scenarios: write a timeline of seconds START to END of the replay "
+                          "(at most 100k events per strategy) into --out")
     return parser
 
 

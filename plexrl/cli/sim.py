@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from plexrl.errors import ConfigError
@@ -23,6 +24,13 @@ def run_sim(args) -> int:
     if seed < 0:
         raise ConfigError("seed must be 0 or more", field="--seed", value=seed, fix="pass --seed 0")
     out = _check_out(args.out)
+    if scenario.trace is not None:
+        return _run_trace(args, replace(scenario, seed=seed), out)
+    for flag, value in (("--sweep", "load" if args.sweep == "load" else None), ("--window", args.window)):
+        if value is not None:
+            raise ConfigError(f"{flag} {value} needs a trace scenario (one with a [trace] table)",
+                              file=scenario.source, field=flag, value=value,
+                              fix="run it on a trace scenario such as paper-trace")
     from plexrl.sim.preflight import preflight
     preflight(scenario)
     if args.sweep:
@@ -42,6 +50,46 @@ def run_sim(args) -> int:
         for path in write_artifacts(out, report, results, scenario, seed):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _run_trace(args, scenario, out: Path | None) -> int:
+    from plexrl.sim import trace_report as tr
+    if args.sweep == "axes":
+        raise ConfigError("a trace scenario sweeps its load, not [sweep.axes]", file=scenario.source,
+                          field="--sweep", fix="pass --sweep load")
+    window = _window(args.window)
+    if window is not None and out is None:
+        raise ConfigError("--window writes timelines and needs --out", field="--window",
+                          value=args.window, fix="add --out DIR")
+    if args.sweep == "load":
+        report, timelines = tr.build_load_sweep(scenario), {}
+        text = tr.render_load_sweep(report)
+    else:
+        report, timelines = tr.build_trace_report(scenario, window)
+        text = tr.render_trace(report)
+    print(json.dumps(report, sort_keys=True) if args.format == "json" else text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, sort_keys=True, indent=1))
+        print(f"wrote {out / 'report.json'}", file=sys.stderr)
+        for name, timeline in timelines.items():
+            path = timeline.write(out / f"timeline-{name.replace('+', '-')}.json")
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    """``START:END`` in seconds from the first arrival."""
+    if text is None:
+        return None
+    fix = "write START:END in seconds with START < END, e.g. --window 86400:172800"
+    try:
+        start, end = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise ConfigError("not a window", field="--window", value=text, fix=fix) from None
+    if not (0 <= start < end < float("inf")):
+        raise ConfigError("not a window", field="--window", value=text, fix=fix)
+    return start, end
 
 
 def _check_out(out: str | None) -> Path | None:

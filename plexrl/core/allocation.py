@@ -40,7 +40,7 @@ def admit_pending(snap: Snapshot, now: float) -> tuple[Snapshot, list[Decision]]
     decisions: list[Decision] = []
     order = sorted(snap.pending, key=lambda s: -s.priority) if any(
         s.priority for s in snap.pending) else list(snap.pending)
-    cache: dict[tuple, Placement | Reject | None] = {}
+    cache: dict[str, Placement | Reject | None] = {}
     head: _Reservation | None = None
     for spec in order:
         if not spec.pools:
@@ -49,7 +49,7 @@ def admit_pending(snap: Snapshot, now: float) -> tuple[Snapshot, list[Decision]]
                 snap = ledger.assume(snap, decision, now)
             decisions += found
             continue
-        sig = _signature(spec)
+        sig = spec.placement_key
         if sig not in cache:
             cache[sig] = place_pooled(snap, spec)
         result = cache[sig]
@@ -64,7 +64,7 @@ def admit_pending(snap: Snapshot, now: float) -> tuple[Snapshot, list[Decision]]
             if head is None:
                 head = _reserve(snap, spec, now)
             continue
-        if head is not None and not head.allows(snap, spec, result, now):
+        if head is not None and not head.allows(snap, spec, sig, result, now):
             continue
         placed = _named(result, spec)
         for decision in placed.places:
@@ -74,11 +74,6 @@ def admit_pending(snap: Snapshot, now: float) -> tuple[Snapshot, list[Decision]]
             head.taken(spec, placed, now)
         cache.clear()
     return snap, decisions
-
-
-def _signature(spec: JobSpec) -> tuple:
-    """What placement depends on: the job's models and pool requests, not its id."""
-    return (tuple((d.role, d.spec, d.copies) for d in spec.models), spec.pools)
 
 
 def place_pooled(snap: Snapshot, spec: JobSpec) -> Placement | Reject | None:
@@ -146,14 +141,14 @@ def _ordered(pools: tuple[PoolRequest, ...]) -> list[PoolRequest]:
 
 def carve(free: dict[NodeId, int], snap: Snapshot, num_devices: int) -> tuple[NodeId, ...] | None:
     """Nodes to cut a group of ``num_devices`` from: best fit inside one node, or whole free nodes."""
-    nodes = snap.cluster.nodes
-    fitting = [(f, n) for n, f in free.items() if f >= num_devices and num_devices <= nodes[n].num_devices]
-    if fitting:
-        return (min(fitting)[1],)
-    whole = sorted(n for n, f in free.items() if f == nodes[n].num_devices)
-    size = nodes[whole[0]].num_devices if whole else 0
-    if not size or num_devices % size:
+    size = snap.cluster.node_size
+    if num_devices <= size:
+        fitting = [(f, n) for n, f in free.items() if f >= num_devices]
+        return (min(fitting)[1],) if fitting else None
+    if num_devices % size:
         return None
+    nodes = snap.cluster.nodes
+    whole = sorted(n for n, f in free.items() if f == size == nodes[n].num_devices)
     count = num_devices // size
     return tuple(whole[:count]) if len(whole) >= count else None
 
@@ -173,7 +168,8 @@ def _fits_existing(snap: Snapshot, spec: JobSpec, req: PoolRequest, wg: WorkerGr
     group = snap.cluster.worker_groups[wg]
     if device_bytes_needed(decl, req.copy, group.num_devices, usable) > snap.cluster.device_budget(wg):
         return False
-    return _pinned(decl, req, usable) <= host_room(snap, wg)
+    pinned = _pinned(decl, req, usable)
+    return not pinned or pinned <= host_room(snap, wg)
 
 
 def _pinned(decl, req: PoolRequest, usable: float) -> int:
@@ -183,14 +179,15 @@ def _pinned(decl, req: PoolRequest, usable: float) -> int:
 
 def _host_room_for(snap: Snapshot, decl, req: PoolRequest, nodes: tuple[NodeId, ...]) -> bool:
     usable = snap.cluster.nodes[nodes[0]].device.usable_bytes
+    if not _pinned(decl, req, usable):
+        return True
     room = min(snap.cluster.nodes[n].host_bytes - snap.host_state_bytes[n] for n in nodes) * len(nodes)
     return _pinned(decl, req, usable) <= room
 
 
 def _never_fits(snap: Snapshot, spec: JobSpec) -> str:
     """Why a job could not start even on an empty cluster; empty when it could."""
-    node_sizes = sorted({n.num_devices for n in snap.cluster.nodes.values()})
-    total = sum(n.num_devices for n in snap.cluster.nodes.values())
+    total, node_size = snap.cluster.total_devices, snap.cluster.node_size
     node = next(iter(snap.cluster.nodes.values()))
     usable = node.device.usable_bytes
     need_total = sum(r.num_devices for r in spec.pools if r.same_as is None)
@@ -205,8 +202,8 @@ def _never_fits(snap: Snapshot, spec: JobSpec) -> str:
         where = f"{req.role} {req.copy} pool of {req.num_devices} devices"
         if req.num_devices < 1 or req.num_devices % unit:
             problems.append(f"{where} does not divide into instances of {unit} devices")
-        elif req.num_devices > max(node_sizes) and req.num_devices % max(node_sizes):
-            problems.append(f"{where} is neither within one node nor whole nodes of {max(node_sizes)}")
+        elif req.num_devices > node_size and req.num_devices % node_size:
+            problems.append(f"{where} is neither within one node nor whole nodes of {node_size}")
         need = device_bytes_needed(decl, req.copy, req.num_devices, usable)
         if need > usable * req.num_devices:
             problems.append(f"{where} needs {need / GiB:.1f} GiB of device memory but has "
@@ -229,14 +226,18 @@ class _Reservation:
         self.shadow_s = shadow_s
         self.free_at_shadow = free_at_shadow
         self.head_need = head_need
+        self._leaves_room: dict[str, bool] = {}   #: per placement key, until the next start
 
-    def allows(self, snap: Snapshot, spec: JobSpec, p: Placement, now: float) -> bool:
+    def allows(self, snap: Snapshot, spec: JobSpec, key: str, p: Placement, now: float) -> bool:
         """Start ``spec`` now only if it ends before the shadow time or leaves the head room."""
         if self.free_at_shadow is None or now + spec.expected_s <= self.shadow_s:
             return True
-        return _fits_all(self._without(p), snap, self.head_need)
+        if key not in self._leaves_room:
+            self._leaves_room[key] = _fits_all(self._without(p), snap, self.head_need)
+        return self._leaves_room[key]
 
     def taken(self, spec: JobSpec, p: Placement, now: float) -> None:
+        self._leaves_room.clear()
         if self.free_at_shadow is not None and now + spec.expected_s > self.shadow_s:
             self.free_at_shadow = self._without(p)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from plexrl.protocol import NodeId, Tier, WorkerGroupId
 
@@ -81,6 +82,15 @@ class ClusterSpec:
 
     nodes: dict[NodeId, NodeSpec]
     worker_groups: dict[WorkerGroupId, WorkerGroupSpec]
+
+    @cached_property
+    def total_devices(self) -> int:
+        return sum(n.num_devices for n in self.nodes.values())
+
+    @cached_property
+    def node_size(self) -> int:
+        """Devices of the largest node."""
+        return max(n.num_devices for n in self.nodes.values())
 
     def device_of(self, wg: WorkerGroupId) -> DeviceSpec:
         return self.nodes[self.worker_groups[wg].nodes[0]].device

@@ -14,6 +14,7 @@ rest of the usable memory, as inference engines pre-allocate it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from plexrl.protocol import (COPY_OF, NEEDS, STATES_OF, Copy, Function, JobId, ModelSpec, Role,
                              State, StateKey, WorkerGroupId)
@@ -64,6 +65,11 @@ class JobSpec:
     pools: tuple[PoolRequest, ...] = ()  #: copies placed on groups cut at admission
     num_steps: int = 0           #: training steps the job will run (0: unknown)
     step_s: float = 0.0          #: expected step time, declared or from history (0: unknown)
+
+    @cached_property
+    def placement_key(self) -> str:
+        """What placement depends on (models and pool requests, not the id); equal for twins."""
+        return repr((self.models, self.candidates, self.pools))
 
     @property
     def expected_s(self) -> float:

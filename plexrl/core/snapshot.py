@@ -112,12 +112,15 @@ class Snapshot:
     @cached_property
     def host_state_bytes(self) -> dict[NodeId, float]:
         """Bytes of States parked on, or arriving at, each node's host memory."""
-        used = dict.fromkeys(self.cluster.nodes, 0.0)
+        per_group: dict[WorkerGroupId, int] = {}
         for view in self.states.values():
             if view.tier == Tier.HOST or view.moving_to == Tier.HOST:
-                nodes = self.cluster.worker_groups[view.wg].nodes
-                for node in nodes:
-                    used[node] += view.num_bytes / len(nodes)
+                per_group[view.wg] = per_group.get(view.wg, 0) + view.num_bytes
+        used = dict.fromkeys(self.cluster.nodes, 0.0)
+        for wg, num_bytes in per_group.items():
+            nodes = self.cluster.worker_groups[wg].nodes
+            for node in nodes:
+                used[node] += num_bytes / len(nodes)
         return used
 
     @cached_property

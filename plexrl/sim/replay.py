@@ -77,7 +77,8 @@ class StepRates:
 
     def prefill(self, keys: Sequence[tuple[str, tuple[str, ...]]], workers: int = 2) -> None:
         """Simulate many compositions at once in worker processes (results are identical)."""
-        todo = sorted({(layout, tuple(sorted(w))) for layout, w in keys} - set(self.memo))
+        todo = sorted({(layout, tuple(sorted(w))) for layout, w in keys} - set(self.memo),
+                      key=lambda k: (-len(k[1]), k))   # the largest first, for balance
         if not todo:
             return
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -201,6 +202,7 @@ def replay(s: Scenario, jobs: Sequence, strategy: str, rates: StepRates,
         touched = _admit(r, result, now)
         for pool in sorted(touched):
             result.events += _reprice(r, pool, now)
+        _window_counters(r, now)
     result.compositions = len(rates.memo)
     result.timeline = r.timeline
     return result
@@ -276,6 +278,15 @@ def _reprice(r: _Replay, pool: WorkerGroupId, now: float) -> int:
         heapq.heappush(r.finishes, (now + remaining * step_s, job, run.version))
         r.snap = _apply(r.snap, ev.JobProgress(job=job, at=now, steps_done=run.steps_done, step_s=step_s))
     return len(members)
+
+
+def _window_counters(r: _Replay, now: float) -> None:
+    if r.timeline is None or not r.window[0] <= now <= r.window[1]:
+        return
+    held = r.snap.cluster.total_devices - sum(r.snap.free_devices.values())
+    r.timeline.counter("cluster", now - r.window[0],
+                       {"pending jobs": len(r.snap.pending), "GPUs held": held,
+                        "running jobs": len(r.running)})
 
 
 def _window_span(r: _Replay, pool: WorkerGroupId, job: JobId, start: float, end: float) -> None:
