@@ -58,11 +58,15 @@ class RoundRobinQueue:
 
 
 class HrrsQueue:
-    """Highest response ratio with switch awareness.
+    """Highest response ratio with switch awareness, a job's batch kept together.
 
     ratio = (wait + service) / (service + switch). A call whose States are resident wins
     ties, short calls pass long ones, and waiting raises every ratio. A call that has waited
     more than ``max_wait_s`` is overdue: overdue calls go first, oldest first (no starvation).
+    Otherwise, while the job served last has a runnable call, its calls go on (the rest of
+    its batch: LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP), the ratio choosing among them;
+    the ratio picks among all jobs only when that job has nothing runnable
+    (docs/design-queues.md, Q2).
     """
 
     name = "hrrs"
@@ -71,7 +75,8 @@ class HrrsQueue:
         overdue = [c for c in candidates if c.wait_s > max_wait_s]
         if overdue:
             return min(overdue, key=lambda c: c.arrival)
-        return min(candidates, key=lambda c: (-ratio(c), c.switch_s, c.arrival))
+        batch = [c for c in candidates if c.call.job == last_job]
+        return min(batch or candidates, key=lambda c: (-ratio(c), c.switch_s, c.arrival))
 
 
 def ratio(c: Candidate) -> float:

@@ -1,0 +1,48 @@
+"""Benchmark: fcfs, round-robin and hrrs on one shared training pool, across a load sweep.
+
+For each shipped queue scenario (queues-mixed, queues-agentic) and each load point of its
+``[sweep.axes.load]`` (every job's think time), runs the first experiment in plexrl mode
+under each policy (plexrl/sim/queue_study.py) and prints ONE JSON object: per load point the
+offered load, and per policy the mean and p99 call wait on the shared pool, each job's
+slowdown against the same job alone, and the worst one; then, per point, whether hrrs meets
+issue 3's claim against fcfs (lower mean, lower p99, worst slowdown <= fcfs's + 10%).
+Deterministic: fixed seeds. ``--set`` overrides apply to every scenario.
+"""
+
+import argparse, json, sys, time  # noqa: E401
+
+from plexrl.sim.queue_study import study, to_json
+from plexrl.sim.scenario import load_scenario
+
+SCENARIOS = ("queues-mixed", "queues-agentic")
+
+
+def claim(row: dict) -> dict:
+    f, h = row["policies"]["fcfs"], row["policies"]["hrrs"]
+    return {"lower_mean": h["mean_wait_s"] < f["mean_wait_s"],
+            "lower_p99": h["p99_wait_s"] < f["p99_wait_s"],
+            "worst_slowdown_within_10pct": h["worst_slowdown"] <= 1.1 * f["worst_slowdown"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", action="append", help="default: both shipped ones")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    args = parser.parse_args()
+    out = {"scenarios": {}}
+    start = time.perf_counter()
+    for name in args.scenario or SCENARIOS:
+        s = load_scenario(name, tuple(args.overrides))
+        rows = to_json(study(s))
+        for row in rows:
+            row["hrrs_vs_fcfs"] = claim(row)
+        out["scenarios"][name] = {"experiment": next(iter(s.experiments)),
+                                  "num_steps": s.num_steps, "seed": s.seed, "points": rows}
+    out["wall_s"] = round(time.perf_counter() - start, 1)
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The queue-policy study: one shared training pool under fcfs, round-robin and hrrs, by load.
+
+Owns: ``study`` (for each load point of a scenario's ``[sweep.axes.load]`` and each queue
+policy: the first experiment simulated in plexrl mode at the fixed sizes, its call waits on
+the shared training pool, and each job's slowdown against the same job alone under the same
+policy), ``offered_load`` and ``wait_stats``. Must not know: output formats, the CLI.
+
+Definitions (docs/design-queues.md):
+
+- a load point sets every workload's think time (``reward_s``: the verifier or sandbox time
+  between a rollout and its training calls) to one value of the ``load`` axis; a shorter
+  think time makes every job come back to the pool sooner;
+- offered load = sum over jobs of (the job's busy seconds on the shared pool per step /
+  its step time), both measured with the job alone: the share of the pool the jobs would
+  keep busy if sharing cost them nothing. Above about 1 the pool is saturated;
+- call wait = start - queued of every call on the shared pool that belongs to a measured
+  step (``warmup_steps <= step < num_steps``), so every policy is judged on the same calls;
+- slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from plexrl.errors import ConfigError
+from plexrl.protocol import JobId
+from plexrl.sim.experiment import fixed_sizes, run_mode, simulate
+from plexrl.sim.loop import Trace
+from plexrl.sim.modes import SHARED_TRAIN, Sizes, build_layout
+from plexrl.sim.scenario import Scenario
+from plexrl.sim.sweep import expand, variant
+
+POLICIES = ("fcfs", "round-robin", "hrrs")
+LOAD_AXIS = "load"
+MODE = "plexrl"
+
+
+@dataclass(frozen=True)
+class Alone:
+    """One job run with no co-tenant: its measured step time and busy seconds on the pool."""
+
+    step_s: float
+    busy_s_per_step: float
+
+
+@dataclass(frozen=True)
+class PolicyPoint:
+    """One (load, policy) cell of the study."""
+
+    mean_wait_s: float
+    p99_wait_s: float
+    num_calls: int
+    slowdown: dict[JobId, float]
+
+    @property
+    def worst_slowdown(self) -> float:
+        return max(self.slowdown.values())
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    think_s: float               #: every workload's reward_s at this point
+    offered_load: float          #: sum over jobs of busy / step time, each alone (first policy)
+    policies: dict[str, PolicyPoint]
+
+
+def load_values(s: Scenario) -> tuple[float, ...]:
+    axis = s.sweep.axes.get(LOAD_AXIS)
+    if axis is None or axis.target != "workloads.*.reward_s":
+        raise ConfigError("the queue study needs a load axis on the think time", file=s.source,
+                          field=f"sweep.axes.{LOAD_AXIS}",
+                          fix='add [sweep.axes.load] with target = "workloads.*.reward_s"')
+    return axis.values
+
+
+def at_load(s: Scenario, think_s: float, policy: str) -> Scenario:
+    """The scenario at one load point, under one queue policy."""
+    return replace(variant(s, expand(s, "workloads.*.reward_s", think_s)), queue_policy=policy)
+
+
+def measured(calls, warmup_steps: int, num_steps: int) -> list:
+    """Calls on the shared training pool that belong to a measured step."""
+    return [c for c in calls if c.wg == SHARED_TRAIN and warmup_steps <= c.step < num_steps]
+
+
+def wait_stats(trace: Trace, warmup_steps: int, num_steps: int) -> tuple[float, float, int]:
+    """Mean and p99 call wait (s) on the shared pool over the measured steps, and the count."""
+    waits = np.array([c.start_s - c.queued_s for c in measured(trace.calls, warmup_steps, num_steps)])
+    if waits.size == 0:
+        raise ValueError("no measured calls on the shared training pool")
+    return float(waits.mean()), float(np.percentile(waits, 99)), int(waits.size)
+
+
+def step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
+    """Mean time of the measured steps, as ``experiment`` measures it (D14)."""
+    return (ends[num_steps - 1] - ends[warmup_steps - 1]) / (num_steps - warmup_steps)
+
+
+def alone(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int) -> dict[JobId, Alone]:
+    """Each job of an experiment run with no co-tenant (same id, seed, sizes and policy)."""
+    out = {}
+    for index, name in enumerate(workloads):
+        layout = build_layout(s, MODE, (name,), sizes, seed, indexes=(index,))
+        trace = simulate(s, layout)
+        for job, sim_job in layout.jobs.items():
+            busy = sum(c.end_s - c.start_s for c in measured(trace.calls, s.warmup_steps, s.num_steps))
+            out[job] = Alone(step_s(sim_job.log.step_end, s.warmup_steps, s.num_steps),
+                             busy / (s.num_steps - s.warmup_steps))
+    return out
+
+
+def offered_load(jobs: dict[JobId, Alone]) -> float:
+    return sum(a.busy_s_per_step / a.step_s for a in jobs.values())
+
+
+def run_policy(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int,
+               solo: dict[JobId, Alone]) -> PolicyPoint:
+    """The experiment shared under ``s.queue_policy``: waits, and slowdowns against ``solo``."""
+    shared = run_mode(s, MODE, workloads, sizes, seed, with_alone=False)
+    mean, p99, count = wait_stats(shared.trace, s.warmup_steps, s.num_steps)
+    slowdown = {job: r.step_s / solo[job].step_s for job, r in shared.jobs.items()}
+    return PolicyPoint(mean, p99, count, slowdown)
+
+
+def study(s: Scenario, policies: tuple[str, ...] = POLICIES, seed: int | None = None
+          ) -> list[LoadPoint]:
+    """Every load point of ``s`` under every policy, for its first experiment."""
+    seed = s.seed if seed is None else seed
+    workloads = next(iter(s.experiments.values())).workloads
+    sizes = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
+    points = []
+    for think_s in load_values(s):
+        cells, offered = {}, None
+        for policy in policies:
+            variant_s = at_load(s, think_s, policy)
+            solo = alone(variant_s, workloads, sizes, seed)
+            cells[policy] = run_policy(variant_s, workloads, sizes, seed, solo)
+            offered = offered_load(solo) if offered is None else offered
+        points.append(LoadPoint(think_s, offered, cells))
+    return points
+
+
+def to_json(points: list[LoadPoint]) -> list[dict]:
+    """JSON-ready rows, one per load point, rounded for reading."""
+    return [{"think_s": p.think_s, "offered_load": round(p.offered_load, 3),
+             "policies": {name: {"mean_wait_s": round(c.mean_wait_s, 3),
+                                 "p99_wait_s": round(c.p99_wait_s, 3),
+                                 "num_calls": c.num_calls,
+                                 "worst_slowdown": round(c.worst_slowdown, 4),
+                                 "slowdown": {j: round(v, 4) for j, v in sorted(c.slowdown.items())}}
+                          for name, c in p.policies.items()}}
+            for p in points]
