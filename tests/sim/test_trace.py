@@ -27,8 +27,8 @@ HEADER = "job,model,workload,gpus,arrival_s,num_steps,priority"
 #: The commands that made the shipped traces (the scenario files' header comments).
 GENERATED = {
     "paper-trace": [],
-    str(TINY): ["--rho", "1.5", "--mix", "math7b=0.5,math1_5b=0.5", "--mean-hours", "16",
-                "--cap-hours", "48", "--sigma", "0.6", "--diurnal", "0"],
+    str(TINY): ["--rho", "1.5", "--mix", "agent7b=0.5,agent1_5b=0.5", "--mean-hours", "8",
+                "--cap-hours", "24", "--sigma", "0.6", "--diurnal", "0"],
 }
 
 
@@ -52,7 +52,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 # -- CSV -----------------------------------------------------------------------------------------
 jobs_of_tiny = st.lists(st.tuples(
-    st.sampled_from([("qwen7b", "math7b", 32), ("qwen1_5b", "math1_5b", 16)]),
+    st.sampled_from([("qwen7b", "agent7b", 32), ("qwen1_5b", "agent1_5b", 16)]),
     st.floats(0, 1e7, allow_nan=False, allow_infinity=False),
     st.integers(1, 10_000), st.integers(0, 9)), min_size=1, max_size=20)
 
@@ -70,27 +70,27 @@ def test_csv_round_trip(rows):
 
 def test_columns_in_any_order_and_priority_optional(tiny, tmp_path):
     path = _write(tmp_path, "num_steps,arrival_s,gpus,workload,model,job\n"
-                            "5, 10.5 ,32,math7b,qwen7b,b\n3,2,16,math1_5b,qwen1_5b,a\n\n")
-    assert read_csv(path, tiny) == (TraceJob("a", "qwen1_5b", "math1_5b", 16, 2.0, 3, 0),
-                                    TraceJob("b", "qwen7b", "math7b", 32, 10.5, 5, 0))
+                            "5, 10.5 ,32,agent7b,qwen7b,b\n3,2,16,agent1_5b,qwen1_5b,a\n\n")
+    assert read_csv(path, tiny) == (TraceJob("a", "qwen1_5b", "agent1_5b", 16, 2.0, 3, 0),
+                                    TraceJob("b", "qwen7b", "agent7b", 32, 10.5, 5, 0))
 
 
-GOOD = "j1,qwen7b,math7b,32,0,10,0"
+GOOD = "j1,qwen7b,agent7b,32,0,10,0"
 BAD_ROWS = [  # (text after the header, the field the error names, words of the message)
     ("j1,qwen7b,nosuch,32,0,10,0", "row 2 column workload", "unknown workload"),
-    ("j1,qwen9b,math7b,32,0,10,0", "row 2 column model", "unknown model"),
-    ("j1,qwen1_5b,math7b,16,0,10,0", "row 2 column model", "runs model qwen7b"),
-    ("j1,qwen7b,math7b,16,0,10,0", "row 2 column gpus", "holds 32 GPUs"),
-    ("j1,qwen7b,math7b,32.5,0,10,0", "row 2 column gpus", "not an integer"),
-    ("j1,qwen7b,math7b,32,nan,10,0", "row 2 column arrival_s", "finite"),
-    ("j1,qwen7b,math7b,32,inf,10,0", "row 2 column arrival_s", "finite"),
-    ("j1,qwen7b,math7b,32,-1,10,0", "row 2 column arrival_s", "not negative"),
-    ("j1,qwen7b,math7b,32,soon,10,0", "row 2 column arrival_s", "not a number"),
-    ("j1,qwen7b,math7b,32,0,0,0", "row 2 column num_steps", "at least one step"),
-    ("j1,qwen7b,math7b,32,0,-3,0", "row 2 column num_steps", "not negative"),
-    ("j1,qwen7b,math7b,32,0,10,-1", "row 2 column priority", "not negative"),
-    (",qwen7b,math7b,32,0,10,0", "row 2 column job", "empty job id"),
-    ("j1,qwen7b,math7b,32,0,10", "row 2", "6 values for 7 columns"),
+    ("j1,qwen9b,agent7b,32,0,10,0", "row 2 column model", "unknown model"),
+    ("j1,qwen1_5b,agent7b,16,0,10,0", "row 2 column model", "runs model qwen7b"),
+    ("j1,qwen7b,agent7b,16,0,10,0", "row 2 column gpus", "holds 32 GPUs"),
+    ("j1,qwen7b,agent7b,32.5,0,10,0", "row 2 column gpus", "not an integer"),
+    ("j1,qwen7b,agent7b,32,nan,10,0", "row 2 column arrival_s", "finite"),
+    ("j1,qwen7b,agent7b,32,inf,10,0", "row 2 column arrival_s", "finite"),
+    ("j1,qwen7b,agent7b,32,-1,10,0", "row 2 column arrival_s", "not negative"),
+    ("j1,qwen7b,agent7b,32,soon,10,0", "row 2 column arrival_s", "not a number"),
+    ("j1,qwen7b,agent7b,32,0,0,0", "row 2 column num_steps", "at least one step"),
+    ("j1,qwen7b,agent7b,32,0,-3,0", "row 2 column num_steps", "not negative"),
+    ("j1,qwen7b,agent7b,32,0,10,-1", "row 2 column priority", "not negative"),
+    (",qwen7b,agent7b,32,0,10,0", "row 2 column job", "empty job id"),
+    ("j1,qwen7b,agent7b,32,0,10", "row 2", "6 values for 7 columns"),
     (f"{GOOD}\n{GOOD}", "row 3 column job", "duplicate job id"),
 ]
 
@@ -109,7 +109,7 @@ def test_bad_rows_name_row_and_column(tiny, tmp_path, rows, field, words):
     ("", "row 1", "empty trace file"),
     ("\n\n", "row 1", "empty trace file"),
     (f"{HEADER}\n", "row 2", "no jobs"),
-    ("job,model,workload,gpus,arrival_s,priority\nj,qwen7b,math7b,32,0,0\n",
+    ("job,model,workload,gpus,arrival_s,priority\nj,qwen7b,agent7b,32,0,0\n",
      "row 1 column num_steps", "missing column"),
     (f"{HEADER},colour\n{GOOD},red\n", "row 1 column 8", "unknown column"),
     (f"{HEADER},job\n{GOOD},j2\n", "row 1 column 8", "column given twice"),
@@ -135,7 +135,7 @@ def test_offered_load_by_hand():
 @given(rows=jobs_of_tiny, target=st.floats(0.05, 20))
 def test_at_load_hits_the_target_with_the_same_jobs(rows, target):
     jobs = tuple(TraceJob(f"j{i}", m, w, g, a, n) for i, ((m, w, g), a, n, _) in enumerate(rows))
-    alone, span = {"math7b": 837.0, "math1_5b": 666.0}, 3 * 86400.0
+    alone, span = {"agent7b": 837.0, "agent1_5b": 666.0}, 3 * 86400.0
     rho = offered_load(jobs, alone, 64, span)
     scaled = at_load(jobs, rho, target)
     factor = rho / target
@@ -204,6 +204,6 @@ def test_paper_trace_has_the_calibrated_shape():
 
 def test_tiny_trace_is_small():
     s, jobs, alone = shipped(str(TINY))
-    assert 10 <= len(jobs) <= 20 and sum(j.num_steps for j in jobs) <= 1500
-    assert s.trace.total_gpus == 64 and s.trace.span_s == 3 * 86400
+    assert 10 <= len(jobs) <= 20 and sum(j.num_steps for j in jobs) <= 2500
+    assert s.trace.total_gpus == 32 and s.trace.span_s == 3 * 86400
     assert min(alone.values()) >= 180  # a step takes several minutes
