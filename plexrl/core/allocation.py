@@ -280,13 +280,13 @@ def _reserve(snap: Snapshot, head: JobSpec, now: float) -> _Reservation:
                 ends[wg] = max(ends.get(wg, now), end)
     free = dict(snap.free_devices)
     total_free, total_need = sum(free.values()), sum(need)
-    for end, wg in sorted((e, w) for w, e in ends.items()):
-        if end == float("inf"):
-            break
+    releases = sorted((e, w) for w, e in ends.items() if e != float("inf"))
+    for i, (end, wg) in enumerate(releases):
         group = snap.cluster.worker_groups[wg]
         for node in group.nodes:
             free[node] += group.num_devices // len(group.nodes)
         total_free += group.num_devices
-        if total_free >= total_need and _fits_all(free, snap, need):
+        last_at_this_time = i + 1 == len(releases) or releases[i + 1][0] > end
+        if last_at_this_time and total_free >= total_need and _fits_all(free, snap, need):
             return _Reservation(max(end, now), free, need)
     return _Reservation(float("inf"), None, need)

@@ -14,16 +14,19 @@ from typing import Callable, NamedTuple
 
 import pytest
 
-from core_builders import (admitted, call_view, cluster, dispatch, key, one_group, queue, rl_job,
-                           trainer_job, with_tiers)
+from core_builders import (admitted, call_view, cluster, dispatch, key, model, one_group, queue,
+                           rl_job, trainer_job, with_tiers)
 from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
-from plexrl.core.decisions import Dispatch, Move
+from plexrl.core.cluster import WorkerGroupSpec
+from plexrl.core.decisions import Dispatch, Move, Place
+from plexrl.core.jobs import JobSpec, ModelDecl, PoolRequest
+from plexrl.core.snapshot import Snapshot
 from plexrl.core.invariants import (Invariant, Violation, check_decisions, check_snapshot,
                                     check_step, enforce)
 from plexrl.core.transitions import needed_keys
 from plexrl.errors import InvariantError, PlexError
-from plexrl.protocol import Copy, Function, State, Tier
+from plexrl.protocol import Copy, Function, Role, State, Tier
 
 FB, LOGPROBS = Function.FORWARD_BACKWARD, Function.LOGPROBS
 W, G, O, KV = State.WEIGHTS, State.GRADS, State.OPTIMIZER, State.KV_CACHE
@@ -220,6 +223,41 @@ def dispatch_on_busy_group() -> Case:
     return _checked(snap, [Dispatch(2, "g0", (key("b", W),))])
 
 
+# ---------------------------------------------------------------------------- 10 NODE_CAPACITY
+
+def _pooled_job(job: str, devices: int):
+    decl = ModelDecl(Role.POLICY, model(10.0), (Copy.TRAINER,))
+    return JobSpec(job=job, models=(decl,), candidates=(),
+                   pools=(PoolRequest(Role.POLICY, Copy.TRAINER, devices, "train"),))
+
+
+def cut_on_a_full_node() -> Case:
+    """A planner that cuts a group from devices another group already holds."""
+    clus = cluster({}, {"n0": 1e9})                      # one node of 8 devices, no groups
+    snap = apply(Snapshot(cluster=clus), ev.JobSubmitted(spec=_pooled_job("a", 6), at=0.0))
+    snap = plan_and_assume(snap)
+    snap = apply(snap, ev.JobSubmitted(spec=_pooled_job("b", 6), at=0.0))
+    group = WorkerGroupSpec("b/policy-trainer", ("n0",), 6, "train", carved=True)
+    return _checked(snap, [Place(job="b", role=Role.POLICY, copy=Copy.TRAINER, wg=group.wg, carve=group)])
+
+
+def cut_twice() -> Case:
+    """A planner that cuts a group under an id that exists."""
+    clus = cluster({}, {"n0": 1e9, "n1": 1e9})
+    snap = apply(Snapshot(cluster=clus), ev.JobSubmitted(spec=_pooled_job("a", 2), at=0.0))
+    snap = plan_and_assume(snap)
+    snap = apply(snap, ev.JobSubmitted(spec=_pooled_job("b", 2), at=0.0))
+    taken = next(iter(snap.cluster.worker_groups))
+    group = WorkerGroupSpec(taken, ("n1",), 2, "train", carved=True)
+    return _checked(snap, [Place(job="b", role=Role.POLICY, copy=Copy.TRAINER, wg=taken, carve=group)])
+
+
+def plan_and_assume(snap):
+    for decision in plan(snap, 0.0):
+        snap = assume(snap, decision, 0.0)
+    return snap
+
+
 BROKEN_PLANNERS: dict[Invariant, list[Callable[[], Case]]] = {
     Invariant.SINGLE_COPY: [move_twice, move_to_own_tier, move_from_stale_tier],
     Invariant.DEVICE_BUDGET: [onload_without_evicting, dispatch_ignoring_workspace],
@@ -230,6 +268,7 @@ BROKEN_PLANNERS: dict[Invariant, list[Callable[[], Case]]] = {
     Invariant.VERSION_FORWARD: [stale_sync_installed, eviction_resets_version],
     Invariant.STALENESS: [generate_before_sync, generate_with_wrong_version],
     Invariant.AFFINITY: [dispatch_on_other_group, dispatch_on_busy_group],
+    Invariant.NODE_CAPACITY: [cut_on_a_full_node, cut_twice],
 }
 
 CASES = [pytest.param(inv, fn, id=f"{inv.name}-{fn.__name__}")

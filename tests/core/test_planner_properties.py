@@ -199,7 +199,7 @@ def _largest_copy(snap: Snapshot, wg: str) -> float:
 
 
 def _cluster(groups: dict[str, WorkerGroupSpec], host: dict[str, float]) -> ClusterSpec:
-    nodes = {n: NodeSpec(n, 4, DEVICE, h, 1e12, dict(BW), move_latency_s=0.1)
+    nodes = {n: NodeSpec(n, 64, DEVICE, h, 1e12, dict(BW), move_latency_s=0.1)
              for n, h in host.items()}
     return ClusterSpec(nodes=nodes, worker_groups=dict(groups))
 
