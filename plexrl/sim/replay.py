@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from plexrl.core import assume, plan
+from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
 from plexrl.core.decisions import Place, Reject
 from plexrl.core.jobs import JobSpec, ModelDecl, PoolRequest
@@ -196,7 +196,7 @@ def replay(s: Scenario, jobs: Sequence, strategy: str, rates: StepRates,
         for job in _pop_finished(r, now):
             _end(r, result, job, now)
         while i < len(arrivals) and arrivals[i].arrival_s == now:
-            r.snap = _apply(r.snap, ev.JobSubmitted(spec=specs[JobId(arrivals[i].job)], at=now))
+            r.snap = apply(r.snap, ev.JobSubmitted(spec=specs[JobId(arrivals[i].job)], at=now))
             i += 1
             result.events += 1
         touched = _admit(r, result, now)
@@ -206,11 +206,6 @@ def replay(s: Scenario, jobs: Sequence, strategy: str, rates: StepRates,
     result.compositions = len(rates.memo)
     result.timeline = r.timeline
     return result
-
-
-def _apply(snap: Snapshot, event) -> Snapshot:
-    from plexrl.core import apply
-    return apply(snap, event)
 
 
 def _next_finish(r: _Replay) -> float:
@@ -236,7 +231,7 @@ def _end(r: _Replay, result: ReplayResult, job: JobId, now: float) -> None:
     result.jobs[job].end_s = now
     result.events += 1
     _window_span(r, run.pool, job, result.jobs[job].start_s, now)
-    r.snap = _apply(r.snap, ev.JobEnded(job=job, at=now))
+    r.snap = apply(r.snap, ev.JobEnded(job=job, at=now))
     if r.members[run.pool]:
         _reprice(r, run.pool, now)
     else:
@@ -276,7 +271,7 @@ def _reprice(r: _Replay, pool: WorkerGroupId, now: float) -> int:
         run.since, run.step_s, run.version = now, step_s, run.version + 1
         remaining = max(0.0, r.snap.jobs[job].spec.num_steps - run.steps_done)
         heapq.heappush(r.finishes, (now + remaining * step_s, job, run.version))
-        r.snap = _apply(r.snap, ev.JobProgress(job=job, at=now, steps_done=run.steps_done, step_s=step_s))
+        r.snap = apply(r.snap, ev.JobProgress(job=job, at=now, steps_done=run.steps_done, step_s=step_s))
     return len(members)
 
 
