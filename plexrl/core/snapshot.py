@@ -198,10 +198,13 @@ class QuietGroups:
     Everything not in ``unknown`` is quiet always unless ``windows`` gives its times. A memo,
     never a source of truth: a group is only left out of ``unknown`` once the planner has
     found it quiet on this Snapshot, or on an earlier one no change since has touched.
+    ``span`` (the latest since, the earliest until) may be narrower than the windows' own,
+    never wider: inside it no window has lapsed.
     """
 
     unknown: set[WorkerGroupId]
     windows: dict[WorkerGroupId, tuple[float, float]]
+    span: tuple[float, float] = ALWAYS
 
     def record(self, wg: WorkerGroupId, since: float, until: float) -> None:
         self.unknown.discard(wg)
@@ -209,15 +212,20 @@ class QuietGroups:
             self.windows.pop(wg, None)
         else:
             self.windows[wg] = (since, until)
+            self.span = (max(self.span[0], since), min(self.span[1], until))
 
     def to_plan(self, now: float) -> list[WorkerGroupId]:
         """The groups a plan at ``now`` must visit, in planning order."""
+        if self.span[0] <= now < self.span[1]:
+            return sorted(self.unknown)
+        self.span = (max((s for s, _ in self.windows.values()), default=-math.inf),
+                     min((u for _, u in self.windows.values()), default=math.inf))
         lapsed = [wg for wg, (since, until) in self.windows.items() if not since <= now < until]
         return sorted(self.unknown.union(lapsed))
 
     def without(self, groups: set[WorkerGroupId]) -> "QuietGroups":
         """The memo once ``groups`` may have changed."""
-        if not groups:
-            return QuietGroups(set(self.unknown), dict(self.windows))
-        return QuietGroups(self.unknown | groups,
-                           {wg: w for wg, w in self.windows.items() if wg not in groups})
+        windows = dict(self.windows)
+        for wg in groups:
+            windows.pop(wg, None)
+        return QuietGroups(self.unknown | groups, windows, self.span)
