@@ -22,8 +22,9 @@ from plexrl.core import events as e
 from plexrl.core.snapshot import CallView, Snapshot
 from plexrl.protocol import JobId, State, StateKey, WorkerGroupId
 
-#: Derived values that depend on the cluster alone.
-_CLUSTER_DERIVED = ("group_order", "groups_on_node", "neighbours")
+#: Derived values that depend on the cluster alone (a fold that changes the cluster, as
+#: cutting or releasing a worker group does, carries nothing: the new Snapshot starts afresh).
+_CLUSTER_DERIVED = ("group_order", "groups_on_node", "neighbours", "free_devices")
 _ASSUMED = "_assumed"            #: per Snapshot: (decision, now) -> the Snapshot assumed
 
 
@@ -49,6 +50,8 @@ def carrying(remember: bool):
             if memo is not None and (change, *args) in memo:
                 return memo[(change, *args)]
             new = fold(snap, change, *args)
+            if new is snap:   # nothing changed (an event about what is already gone)
+                return new
             carry(snap, new, delta_of(snap, new, change))
             if remember:
                 snap.__dict__.setdefault(_ASSUMED, {})[(change, *args)] = new
