@@ -89,7 +89,8 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
     if decisions:
         return decisions
     rivals = [c for c in candidates if c is not picked and _act_on(snap, wg, c.call, running)]
-    until = queue.stable_until(candidates, picked, rivals, now, snap.config.max_wait_s)
+    until = queue.stable_until(candidates, picked, rivals, snap.last_job.get(wg), now,
+                               snap.config.max_wait_s)
     if until > now:
         snap.quiet_groups.record(wg, now if rivals else -math.inf, until)
     return []

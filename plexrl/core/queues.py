@@ -38,7 +38,8 @@ class CallQueue(Protocol):
         """The candidate to run next on one worker group; ``candidates`` is never empty."""
 
     def stable_until(self, candidates: Sequence[Candidate], picked: Candidate,
-                     rivals: Sequence[Candidate], now: float, max_wait_s: float) -> float:
+                     rivals: Sequence[Candidate], last_job: JobId | None, now: float,
+                     max_wait_s: float) -> float:
         """A time before which ``pick`` returns none of ``rivals``, with the same candidates
         except for their waits (``picked`` won at ``now``, which the waits were taken at).
         ``inf`` when time alone never changes the pick; ``now`` when the policy cannot say."""
@@ -52,7 +53,7 @@ class FcfsQueue:
     def pick(self, candidates, last_job, max_wait_s):
         return min(candidates, key=lambda c: c.arrival)
 
-    def stable_until(self, candidates, picked, rivals, now, max_wait_s):
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
         return math.inf   # arrival order does not change with time
 
 
@@ -67,7 +68,7 @@ class RoundRobinQueue:
         turn = later[0] if later else jobs[0]
         return min((c for c in candidates if c.call.job == turn), key=lambda c: c.arrival)
 
-    def stable_until(self, candidates, picked, rivals, now, max_wait_s):
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
         return math.inf   # job order and arrival order do not change with time
 
 
@@ -92,13 +93,16 @@ class HrrsQueue:
         batch = [c for c in candidates if c.call.job == last_job]
         return min(batch or candidates, key=lambda c: (-ratio(c), c.switch_s, c.arrival))
 
-    def stable_until(self, candidates, picked, rivals, now, max_wait_s):
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
         """Ratios are lines in time: (t - queued_at + S) / (S + X). The pick cannot turn to a
         rival while the picked ratio stays above the rival's by more than a bound on their
         rounding errors (so float ties never count as a margin), nor once any call can be
-        overdue. An overdue pick stays: later overdue calls arrived later."""
+        overdue; a rival outside the last job's batch only by being overdue. An overdue pick
+        stays: later overdue calls arrived later."""
         if picked.wait_s > max_wait_s or not rivals:
             return math.inf
+        batch = [c for c in candidates if c.call.job == last_job]   # who the ratio picks among
+        rivals = [r for r in rivals if not batch or r.call.job == last_job]
         until = min(c.call.queued_at + max_wait_s for c in candidates)
         if until < math.inf:
             until -= _ROUNDING * (abs(until) + max_wait_s + 1.0)

@@ -182,17 +182,18 @@ def test_a_decision_is_assumed_once():
 
 
 def test_a_quiet_window_lapses_when_hrrs_could_pick_a_call_that_acts():
-    """Job b's call runs on g0. Next in line: b's long LOGPROBS (its States resident: picking
+    """Job c's call runs on g0. Next in line: b's long LOGPROBS (its States resident: picking
     it does nothing) and a's short FORWARD_BACKWARD (parked: picking it prefetches). HRRS
     picks b's now; a's ratio rises faster and overtakes it, so the group is quiet only until
     then, and planned again after: it prefetches."""
     clus = cluster({"g0": (1, ("n0",))}, {"n0": 1e6})
-    snap = admitted(clus, rl_job("a", 10, "g0", "g0"), trainer_job("b", 10, "g0"))
-    snap = with_tiers(snap, {}, job_tiers={"b": Tier.DEVICE})
-    snap = queue(snap, 1, "b", 0, Function.LOGPROBS)
+    snap = admitted(clus, rl_job("a", 10, "g0", "g0"), trainer_job("b", 10, "g0"),
+                    trainer_job("c", 10, "g0"))
+    snap = with_tiers(snap, {}, job_tiers={"b": Tier.DEVICE, "c": Tier.DEVICE})
+    snap = queue(snap, 1, "c", 0, Function.LOGPROBS)
     (dispatch,) = plan(snap, 0.0)
     snap = assume(snap, dispatch, 0.0)
-    snap = queue(snap, 2, "b", 1, Function.LOGPROBS, num_tokens=10**6)
+    snap = queue(snap, 2, "b", 0, Function.LOGPROBS, num_tokens=10**6)
     snap = queue(snap, 3, "a", 0, Function.FORWARD_BACKWARD, num_tokens=1)
     assert plan(snap, 0.0) == []
     since, until = snap.quiet_groups.windows["g0"]
@@ -207,7 +208,7 @@ def test_a_quiet_window_lapses_when_hrrs_could_pick_a_call_that_acts():
 # ------------------------------------------------------------------------------ HRRS windows
 
 def cand(call: int, queued_at: float, service_s: float, switch_s: float, now: float):
-    view = CallView(call=call, job=f"j{call}", seq=0, function=Function.LOGPROBS,
+    view = CallView(call=call, job=f"j{call % 2}", seq=0, function=Function.LOGPROBS,
                     role="policy", wg="g0", queued_at=queued_at)
     return Candidate(view, now - queued_at, service_s, switch_s)
 
@@ -222,40 +223,41 @@ def test_hrrs_window_ends_where_a_rival_overtakes():
     picked, rival = cand(1, 0.0, 30.0, 0.0, now), cand(2, 99.0, 1.0, 0.0, now)
     hrrs = queue_by_name("hrrs")
     assert hrrs.pick([picked, rival], None, 600.0) == picked
-    until = hrrs.stable_until([picked, rival], picked, [rival], now, 600.0)
+    until = hrrs.stable_until([picked, rival], picked, [rival], None, now, 600.0)
     assert until == pytest.approx(99 * 30 / 29, rel=1e-9)
     assert hrrs.pick(at([picked, rival], until + 1e-6), None, 600.0).call.call == 2
     # a short call ahead now stays ahead: its ratio rises faster; overdue calls cut windows
     short = cand(3, 90.0, 1.0, 0.0, now)
     assert hrrs.pick([picked, short], None, 600.0) == short
-    assert hrrs.stable_until([picked, short], short, [picked], now, math.inf) == math.inf
-    assert hrrs.stable_until([picked, short], short, [picked], now, 600.0) == \
+    assert hrrs.stable_until([picked, short], short, [picked], None, now, math.inf) == math.inf
+    assert hrrs.stable_until([picked, short], short, [picked], None, now, 600.0) == \
         pytest.approx(0.0 + 600.0, rel=1e-9)   # when the long call would be overdue
-    assert hrrs.stable_until([picked, short], short, [picked], now, 600.0) < 600.0
+    assert hrrs.stable_until([picked, short], short, [picked], None, now, 600.0) < 600.0
     # an overdue pick stays picked: calls overdue later arrived later
     assert hrrs.pick([picked, rival], None, 50.0) == picked
-    assert hrrs.stable_until([picked, rival], picked, [rival], now, 50.0) == math.inf
+    assert hrrs.stable_until([picked, rival], picked, [rival], None, now, 50.0) == math.inf
     for name in ("fcfs", "round-robin"):
-        assert queue_by_name(name).stable_until([picked, rival], picked, [rival], now,
+        assert queue_by_name(name).stable_until([picked, rival], picked, [rival], None, now,
                                                 600.0) == math.inf
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.floats(0, 1000), st.floats(0, 100), st.floats(0, 100)),
                 min_size=2, max_size=4),
-       st.floats(0, 1), st.sampled_from([5.0, 600.0]), st.data())
-def test_hrrs_picks_no_rival_inside_its_window(rows, frac, max_wait_s, data):
+       st.floats(0, 1), st.sampled_from([5.0, 600.0]), st.sampled_from([None, "j0", "j1"]),
+       st.data())
+def test_hrrs_picks_no_rival_inside_its_window(rows, frac, max_wait_s, last_job, data):
     now = 1000.0
     cands = [cand(i, q, s, x, now) for i, (q, s, x) in enumerate(rows)]
     hrrs = queue_by_name("hrrs")
-    picked = hrrs.pick(cands, None, max_wait_s)
+    picked = hrrs.pick(cands, last_job, max_wait_s)
     others = [c for c in cands if c is not picked]
     rivals = data.draw(st.lists(st.sampled_from(others), unique_by=lambda c: c.call.call,
                                 min_size=1))
-    until = hrrs.stable_until(cands, picked, rivals, now, max_wait_s)
+    until = hrrs.stable_until(cands, picked, rivals, last_job, now, max_wait_s)
     assert until >= now
     span = min(until, now + 1e6) - now
     for t in (now, now + frac * span, now + span * (1 - 1e-9)):
         if t < until:
-            assert hrrs.pick(at(cands, t), None, max_wait_s).call.call not in \
+            assert hrrs.pick(at(cands, t), last_job, max_wait_s).call.call not in \
                 {r.call.call for r in rivals}
