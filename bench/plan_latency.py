@@ -6,7 +6,8 @@ reserve half the group (paper-e2e.toml), so a group's two jobs evict each other.
 admission, one JobSubmitted per cycle, 1/16 of the jobs held back; (2) untimed warm-up until
 every copy has run a call; (3) CYCLES cycles of one event each (CallQueued, CallFinished,
 TransitionFinished, the held-back JobSubmitted) from a virtual-clock heap. Timed: apply(event)
-+ plan + assume of every decision; a plan with pending jobs is admission, else dispatch.
++ plan + assume of every decision (wall clock, and the thread's CPU time apart); a plan with
+pending jobs is admission, else dispatch.
 16 jobs is the in-run baseline. Prints one JSON object; --profile: top 15 cumulative, stderr.
 """
 
@@ -88,13 +89,13 @@ class Driver:
         """Fold one event, plan, assume (timed). phase: None, admission, loaded or profile."""
         if phase == "profile":
             self.profiler.enable()
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         snap = apply(self.snap, event)
         admitting = bool(snap.pending)
         decisions = plan(snap, now)
         for decision in decisions:
             snap = assume(snap, decision, now)
-        elapsed = time.perf_counter_ns() - t0
+        elapsed = (time.perf_counter_ns() - t0, time.thread_time_ns() - c0)
         if phase == "profile":
             self.profiler.disable()
         self.snap, self.now = snap, now
@@ -153,12 +154,15 @@ class Driver:
                 self.step("loaded")
 
 
-def stats(ns: list[int]) -> dict:
-    ms = np.asarray(ns, dtype=float) / 1e6
+def stats(ns: list[tuple[int, int]]) -> dict:
+    """Wall-clock figures (the target), and the same of the thread's CPU time, which a
+    busy shared machine does not inflate by descheduling the bench."""
+    wall, cpu = (np.asarray(x, dtype=float) / 1e6 for x in zip(*ns))
     p50, p99, top, mean = (round(float(x), 3)
-                           for x in (*np.percentile(ms, [50, 99]), ms.max(), ms.mean()))
-    return {"plans": len(ms), "p50_ms": p50, "p99_ms": p99, "max_ms": top, "mean_ms": mean,
-            "meets_target": p99 < TARGET_P99_MS}
+                           for x in (*np.percentile(wall, [50, 99]), wall.max(), wall.mean()))
+    cpu50, cpu99 = (round(float(x), 3) for x in np.percentile(cpu, [50, 99]))
+    return {"plans": len(wall), "p50_ms": p50, "p99_ms": p99, "max_ms": top, "mean_ms": mean,
+            "cpu_p50_ms": cpu50, "cpu_p99_ms": cpu99, "meets_target": p99 < TARGET_P99_MS}
 
 
 def measure(driver: Driver, cycles: int) -> dict:

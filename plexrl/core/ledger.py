@@ -2,15 +2,20 @@
 
 Owns: ``apply(snapshot, event)`` (what happened) and ``assume(snapshot, decision, now)``
 (what the executor has started: plan, assume, act, reconcile). Both are pure and return a
-new Snapshot; neither decides anything. Must not know: policies, drivers, clocks.
+new Snapshot; neither decides anything. Both wear ``carry.carrying``, which hands the
+old Snapshot's derived indexes and planning memo on to the new one and makes assuming the
+same decision twice free. Must not know: policies, drivers, clocks.
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import replace
 
 from plexrl.core import decisions as d
 from plexrl.core import events as e
+from plexrl.core.carry import carrying
 from plexrl.core.cluster import Direction
 from plexrl.core.costs import lane_bytes
 from plexrl.core.jobs import keys_of, pinned_to_host, state_bytes
@@ -19,6 +24,7 @@ from plexrl.core.usage import host_room
 from plexrl.protocol import Function, State, StateKey, Tier
 
 
+@carrying(remember=False)
 def apply(snap: Snapshot, event: e.Event) -> Snapshot:
     """Fold one event into the snapshot."""
     match event:
@@ -47,6 +53,7 @@ def apply(snap: Snapshot, event: e.Event) -> Snapshot:
     raise TypeError(f"not an event: {event!r}")
 
 
+@carrying(remember=True)
 def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
     """Record a decision the executor has started, so the next plan sees it."""
     match decision:
@@ -57,7 +64,9 @@ def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
         case d.Reject(job=job):
             return replace(snap, pending=tuple(s for s in snap.pending if s.job != job))
         case d.Dispatch(call=call_id, wg=wg):
-            call = next(c for c in snap.queued if c.call == call_id)
+            call = next((c for c in snap.queued_by_group.get(wg, ()) if c.call == call_id), None) \
+                or next(c for c in snap.queued if c.call == call_id)
+            at = _position(snap.queued, call)
             job = snap.jobs[call.job]
             next_seq = dict(job.next_seq)
             next_seq[(call.role, call.copy)] = call.seq + 1
@@ -68,7 +77,7 @@ def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
             last = dict(snap.last_job)
             last[wg] = call.job
             onloading = {w: c for w, c in snap.onloading.items() if w != wg}
-            return replace(snap, queued=tuple(c for c in snap.queued if c.call != call_id),
+            return replace(snap, queued=snap.queued[:at] + snap.queued[at + 1:],
                            running=running, jobs=jobs, last_job=last, onloading=onloading)
         case d.Move(key=key, dst=dst, for_call=for_call, wg=wg):
             states = dict(snap.states)
@@ -79,6 +88,12 @@ def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
                 onloading[wg] = for_call
             return replace(snap, states=states, onloading=onloading)
     raise TypeError(f"not a decision: {decision!r}")
+
+
+def _position(calls: tuple[CallView, ...], call: CallView) -> int:
+    """Where ``call`` (this very object) is in ``calls``: compared by identity, in C."""
+    return next(itertools.compress(itertools.count(), map(operator.is_, calls,
+                                                          itertools.repeat(call))))
 
 
 def _call_view(snap: Snapshot, ev: e.CallQueued) -> CallView:

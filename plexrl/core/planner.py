@@ -4,18 +4,22 @@ Owns the order of a planning cycle: admit pending jobs (Place / Reject; ``alloca
 worker group either dispatch the call its queue policy picks once the call's States are
 resident, or issue the Moves that make them resident; while a call runs, prefetch the next
 one's States where memory allows. Decisions are assumed into a working copy as they are
-made, so later groups see earlier ones. Pure: same snapshot and time, same decisions.
+made, so later groups see earlier ones. A group the Snapshot's memo (``quiet_groups``)
+knows would decide nothing is skipped, and a group found quiet is recorded there, with the
+times it stays quiet (docs/design-perf.md). Pure: same snapshot and time, same decisions.
 Must not know: who executes the decisions, or how long they really take.
 """
 
 from __future__ import annotations
+
+import math
 
 from plexrl.core import ledger
 from plexrl.core.costs import service_s
 from plexrl.core.decisions import Decision, Dispatch
 from plexrl.core.allocation import admit_pending
 from plexrl.core.queues import Candidate, queue_by_name
-from plexrl.core.snapshot import CallView, Snapshot
+from plexrl.core.snapshot import ALWAYS, CallView, Snapshot
 from plexrl.core.transitions import is_resident, make_resident, needed_keys, switch_in_s
 from plexrl.core.usage import device_free
 from plexrl.protocol import Function, State, StateKey, WorkerGroupId
@@ -24,19 +28,24 @@ from plexrl.protocol import Function, State, StateKey, WorkerGroupId
 def plan(snap: Snapshot, now: float) -> list[Decision]:
     """Every decision to act on now, in the order the executor should start them."""
     snap, decisions = admit_pending(snap, now)
-    for wg in sorted(snap.cluster.worker_groups):
-        for decision in _plan_group(snap, wg, now):
+    # every group in order, each seeing the decisions of those before it; a group the memo
+    # knows to be quiet on the current working snapshot would decide nothing: skip it
+    todo = snap.quiet_groups.to_plan(now)
+    while todo:
+        wg, todo = todo[0], todo[1:]
+        acted = _plan_group(snap, wg, now)
+        for decision in acted:
             snap = ledger.assume(snap, decision, now)
             decisions.append(decision)
+        if acted:
+            todo = [g for g in snap.quiet_groups.to_plan(now) if g > wg]
     return decisions
 
 
 def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
     """Queued calls of a group that may run next: first of their copy, version available."""
     out = []
-    for call in snap.queued:
-        if call.wg != wg:
-            continue
+    for call in snap.queued_by_group.get(wg, ()):
         if call.seq != snap.jobs[call.job].next_seq[(call.role, call.copy)]:
             continue
         if call.function == Function.GENERATE and not _version_ready(snap, call):
@@ -57,30 +66,44 @@ def _version_newer(snap: Snapshot, call: CallView) -> bool:
     return call.version > snap.states[key].version
 
 
-def _pick(snap: Snapshot, wg: WorkerGroupId, calls: list[CallView], now: float) -> CallView:
-    committed = snap.onloading.get(wg)
-    for call in calls:
-        if call.call == committed:
-            return call
+def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]:
+    """The group's decisions. With none, records in ``snap.quiet_groups`` the times at which
+    it would have none either: the pick is all that depends on ``now``, so always when no
+    other call it could pick would act, else until the queue policy could pick one."""
+    calls = runnable(snap, wg)
+    running = snap.running.get(wg)
+    if not calls or (running is not None and not snap.config.prefetch):
+        snap.quiet_groups.record(wg, *ALWAYS)
+        return []
+    committed = next((c for c in calls if c.call == snap.onloading.get(wg)), None)
+    if committed is not None:   # States are moving for it: it goes next, whatever the time
+        decisions = _act_on(snap, wg, committed, running)
+        if not decisions:
+            snap.quiet_groups.record(wg, *ALWAYS)
+        return decisions
+    queue = queue_by_name(snap.config.queue_policy)
     candidates = [Candidate(c, now - c.queued_at, service_s(snap, c), switch_in_s(snap, c))
                   for c in calls]
-    queue = queue_by_name(snap.config.queue_policy)
-    return queue.pick(candidates, snap.last_job.get(wg), snap.config.max_wait_s).call
+    picked = queue.pick(candidates, snap.last_job.get(wg), snap.config.max_wait_s)
+    decisions = _act_on(snap, wg, picked.call, running)
+    if decisions:
+        return decisions
+    rivals = [c for c in candidates if c is not picked and _act_on(snap, wg, c.call, running)]
+    until = queue.stable_until(candidates, picked, rivals, snap.last_job.get(wg), now,
+                               snap.config.max_wait_s)
+    if until > now:
+        snap.quiet_groups.record(wg, now if rivals else -math.inf, until)
+    return []
 
 
-def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]:
-    calls = runnable(snap, wg)
-    if not calls:
-        return []
-    running = snap.running.get(wg)
-    if running is not None:
-        if not snap.config.prefetch:
-            return []
-        nxt = _pick(snap, wg, calls, now)
-        return make_resident(snap, wg, needed_keys(snap, nxt), 0,
-                             protect=needed_keys(snap, running), reason="prefetch")
-    call = _pick(snap, wg, calls, now)
+def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
+            running: CallView | None) -> list[Decision]:
+    """The decisions for ``call`` once picked: prefetch behind the running call, else
+    dispatch it when its States are resident and its workspace fits, else make room."""
     keys = needed_keys(snap, call)
+    if running is not None:
+        return make_resident(snap, wg, keys, 0, protect=needed_keys(snap, running),
+                             reason="prefetch")
     if all(is_resident(snap.states[k]) for k in keys) and device_free(snap, wg) >= call.workspace_bytes:
         return [Dispatch(call=call.call, wg=wg, uses=keys)]
     return make_resident(snap, wg, keys, call.workspace_bytes, protect=(), reason="onload",

@@ -1,13 +1,15 @@
 """Function-level queue policies, chosen by name: ``fcfs``, ``round-robin``, ``hrrs``.
 
-Owns: the ``CallQueue`` protocol (pick one call among the runnable ones of a worker group)
-and its three implementations. A policy sees ``Candidate`` values (the call, how long it
+Owns: the ``CallQueue`` protocol (pick one call among the runnable ones of a worker group,
+and say until when that pick cannot turn to given rivals as time passes) and its three
+implementations. A policy sees ``Candidate`` values (the call, how long it
 has waited, its expected service and switch-in seconds) and never touches the snapshot, so
 adding a policy never edits the planner. HRRS is defined in docs/design.md ("HRRS").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -35,6 +37,13 @@ class CallQueue(Protocol):
              max_wait_s: float) -> Candidate:
         """The candidate to run next on one worker group; ``candidates`` is never empty."""
 
+    def stable_until(self, candidates: Sequence[Candidate], picked: Candidate,
+                     rivals: Sequence[Candidate], last_job: JobId | None, now: float,
+                     max_wait_s: float) -> float:
+        """A time before which ``pick`` returns none of ``rivals``, with the same candidates
+        except for their waits (``picked`` won at ``now``, which the waits were taken at).
+        ``inf`` when time alone never changes the pick; ``now`` when the policy cannot say."""
+
 
 class FcfsQueue:
     """First come, first served: the oldest call (ties by call id)."""
@@ -43,6 +52,9 @@ class FcfsQueue:
 
     def pick(self, candidates, last_job, max_wait_s):
         return min(candidates, key=lambda c: c.arrival)
+
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
+        return math.inf   # arrival order does not change with time
 
 
 class RoundRobinQueue:
@@ -55,6 +67,9 @@ class RoundRobinQueue:
         later = [j for j in jobs if last_job is not None and j > last_job]
         turn = later[0] if later else jobs[0]
         return min((c for c in candidates if c.call.job == turn), key=lambda c: c.arrival)
+
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
+        return math.inf   # job order and arrival order do not change with time
 
 
 class HrrsQueue:
@@ -77,6 +92,44 @@ class HrrsQueue:
             return min(overdue, key=lambda c: c.arrival)
         batch = [c for c in candidates if c.call.job == last_job]
         return min(batch or candidates, key=lambda c: (-ratio(c), c.switch_s, c.arrival))
+
+    def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
+        """Ratios are lines in time: (t - queued_at + S) / (S + X). The pick cannot turn to a
+        rival while the picked ratio stays above the rival's by more than a bound on their
+        rounding errors (so float ties never count as a margin), nor once any call can be
+        overdue; a rival outside the last job's batch only by being overdue. An overdue pick
+        stays: later overdue calls arrived later."""
+        if picked.wait_s > max_wait_s or not rivals:
+            return math.inf
+        batch = [c for c in candidates if c.call.job == last_job]   # who the ratio picks among
+        rivals = [r for r in rivals if not batch or r.call.job == last_job]
+        until = min(c.call.queued_at + max_wait_s for c in candidates)
+        if until < math.inf:
+            until -= _ROUNDING * (abs(until) + max_wait_s + 1.0)
+        for rival in rivals:
+            until = min(until, _overtaken_at(picked, rival, now))
+        return max(until, now)
+
+
+_ROUNDING = 1e-12   #: relative bound on the rounding of a ratio, far above float's 1e-16
+
+
+def _overtaken_at(picked: Candidate, rival: Candidate, now: float) -> float:
+    """The earliest time ``rival``'s ratio may reach ``picked``'s (``now`` when it may now)."""
+    dp, dr = picked.service_s + picked.switch_s, rival.service_s + rival.switch_s
+    if dp <= 0:
+        return math.inf if dr > 0 else now   # an infinite ratio is only matched by another
+    if dr <= 0 or now < 0:
+        return now
+
+    def error(c: Candidate, d: float, t: float) -> float:
+        return _ROUNDING * (abs(t) + abs(c.call.queued_at) + c.service_s) / d
+
+    margin = ratio(picked) - ratio(rival) - 2 * (error(picked, dp, now) + error(rival, dr, now))
+    if margin <= 0:
+        return now
+    closing = (1 / dr - 1 / dp) + 2 * _ROUNDING * (1 / dp + 1 / dr)  # per second, errors grow
+    return math.inf if closing <= 0 else now + margin / closing
 
 
 def ratio(c: Candidate) -> float:

@@ -8,6 +8,7 @@ builds a new Snapshot for every change (copy on write). Must not know: clocks, d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -96,32 +97,71 @@ class Snapshot:
     estimates: Estimates = field(default_factory=Estimates)
 
     def states_on(self, wg: WorkerGroupId) -> list[StateView]:
-        return [s for s in self.states.values() if s.wg == wg]
+        return list(self.states_by_group.get(wg, {}).values())
 
-    # Derived totals, computed once per Snapshot (it never changes) on first use; a changed
-    # Snapshot is a new object, so they can never be stale. ``plexrl.core.usage`` reads them.
+    # Derived indexes and totals, computed once per Snapshot (it never changes) on first use;
+    # a changed Snapshot is a new object, so they can never be stale. The ledger's folds hand
+    # the ones already computed on to the next Snapshot, updated by what changed
+    # (``plexrl.core.carry``); a Snapshot built any other way computes them afresh.
+    @cached_property
+    def group_order(self) -> tuple[WorkerGroupId, ...]:
+        """Worker groups in the order a planning cycle visits them."""
+        return tuple(sorted(self.cluster.worker_groups))
+
+    @cached_property
+    def groups_on_node(self) -> dict[NodeId, tuple[WorkerGroupId, ...]]:
+        on: dict[NodeId, list[WorkerGroupId]] = {n: [] for n in self.cluster.nodes}
+        for wg in self.group_order:
+            for node in self.cluster.worker_groups[wg].nodes:
+                on[node].append(wg)
+        return {n: tuple(wgs) for n, wgs in on.items()}
+
+    @cached_property
+    def neighbours(self) -> dict[WorkerGroupId, frozenset[WorkerGroupId]]:
+        """Worker groups sharing a node (so host memory) with each group, itself included."""
+        return {wg: frozenset(g for n in spec.nodes for g in self.groups_on_node[n])
+                for wg, spec in self.cluster.worker_groups.items()}
+
+    @cached_property
+    def states_by_group(self) -> dict[WorkerGroupId, dict[StateKey, StateView]]:
+        """The States bound to each worker group, keyed as in ``states``."""
+        by: dict[WorkerGroupId, dict[StateKey, StateView]] = {wg: {} for wg in self.group_order}
+        for key, view in self.states.items():
+            by.setdefault(view.wg, {})[key] = view
+        return by
+
+    @cached_property
+    def queued_by_group(self) -> dict[WorkerGroupId, tuple[CallView, ...]]:
+        """The queued calls bound to each worker group, in arrival order (absent: none)."""
+        by: dict[WorkerGroupId, list[CallView]] = {}
+        for call in self.queued:
+            by.setdefault(call.wg, []).append(call)
+        return {wg: tuple(calls) for wg, calls in by.items()}
+
     @cached_property
     def device_state_bytes(self) -> dict[WorkerGroupId, int]:
         """Bytes of States on, or arriving at, each worker group's devices."""
-        used = dict.fromkeys(self.cluster.worker_groups, 0)
-        for view in self.states.values():
-            if view.tier == Tier.DEVICE or view.moving_to == Tier.DEVICE:
-                used[view.wg] += view.num_bytes
-        return used
+        return {wg: self.device_state_bytes_of(wg) for wg in self.cluster.worker_groups}
+
+    def device_state_bytes_of(self, wg: WorkerGroupId) -> int:
+        return sum(v.num_bytes for v in self.states_by_group.get(wg, {}).values()
+                   if v.tier == Tier.DEVICE or v.moving_to == Tier.DEVICE)
 
     @cached_property
     def host_state_bytes(self) -> dict[NodeId, float]:
         """Bytes of States parked on, or arriving at, each node's host memory."""
-        per_group: dict[WorkerGroupId, int] = {}
-        for view in self.states.values():
-            if view.tier == Tier.HOST or view.moving_to == Tier.HOST:
-                per_group[view.wg] = per_group.get(view.wg, 0) + view.num_bytes
-        used = dict.fromkeys(self.cluster.nodes, 0.0)
-        for wg, num_bytes in per_group.items():
-            nodes = self.cluster.worker_groups[wg].nodes
-            for node in nodes:
-                used[node] += num_bytes / len(nodes)
-        return used
+        return {node: self.host_state_bytes_of(node) for node in self.cluster.nodes}
+
+    def host_state_bytes_of(self, node: NodeId) -> float:
+        """A group's parked bytes (an exact integer) spread evenly over its nodes; the shares
+        summed exactly (``fsum``), so the total does not depend on any order."""
+        shares = []
+        for wg in self.groups_on_node[node]:
+            parked = sum(v.num_bytes for v in self.states_by_group[wg].values()
+                         if v.tier == Tier.HOST or v.moving_to == Tier.HOST)
+            if parked:
+                shares.append(parked / len(self.cluster.worker_groups[wg].nodes))
+        return math.fsum(shares)
 
     @cached_property
     def free_devices(self) -> dict[NodeId, int]:
@@ -140,3 +180,52 @@ class Snapshot:
             for wg in set(job.bindings.values()):
                 count[wg] += 1
         return count
+
+    @cached_property
+    def quiet_groups(self) -> "QuietGroups":
+        """The worker groups known to plan to nothing on this Snapshot, and when (a memo
+        ``planner.plan`` fills; ``carry`` hands it on, less the groups a change touched)."""
+        return QuietGroups(set(self.group_order), {})
+
+
+ALWAYS = (-math.inf, math.inf)   #: the times of a group quiet whatever the time
+
+
+@dataclass
+class QuietGroups:
+    """Groups whose plan is known to be empty on one Snapshot, at ``now`` in [since, until).
+
+    Everything not in ``unknown`` is quiet always unless ``windows`` gives its times. A memo,
+    never a source of truth: a group is only left out of ``unknown`` once the planner has
+    found it quiet on this Snapshot, or on an earlier one no change since has touched.
+    ``span`` (the latest since, the earliest until) may be narrower than the windows' own,
+    never wider: inside it no window has lapsed.
+    """
+
+    unknown: set[WorkerGroupId]
+    windows: dict[WorkerGroupId, tuple[float, float]]
+    span: tuple[float, float] = ALWAYS
+
+    def record(self, wg: WorkerGroupId, since: float, until: float) -> None:
+        self.unknown.discard(wg)
+        if (since, until) == ALWAYS:
+            self.windows.pop(wg, None)
+        else:
+            self.windows[wg] = (since, until)
+            self.span = (max(self.span[0], since), min(self.span[1], until))
+
+    def to_plan(self, now: float) -> list[WorkerGroupId]:
+        """The groups a plan at ``now`` must visit, in planning order."""
+        if self.span[0] <= now < self.span[1]:
+            return sorted(self.unknown)
+        self.span = (max((s for s, _ in self.windows.values()), default=-math.inf),
+                     min((u for _, u in self.windows.values()), default=math.inf))
+        lapsed = [wg for wg, (since, until) in self.windows.items() if not since <= now < until]
+        return sorted(self.unknown.union(lapsed))
+
+    def without(self, groups: set[WorkerGroupId]) -> "QuietGroups":
+        """The memo once ``groups`` may have changed."""
+        windows = dict(self.windows)
+        for wg in groups:
+            windows.pop(wg, None)
+        return QuietGroups(self.unknown | groups, windows, self.span)

@@ -111,10 +111,9 @@ def _evict(snap: Snapshot, wg: WorkerGroupId, shortfall: float, keep: set[StateK
 
 def _spill(snap: Snapshot, wg: WorkerGroupId, shortfall: float, keep: set[StateKey]) -> list[Move]:
     """Host memory is short: spill parked States of this group's nodes to DISK, largest first."""
-    nodes = set(snap.cluster.worker_groups[wg].nodes)
-    parked = [s for s in snap.states.values()
+    parked = [s for g in snap.neighbours[wg] for s in snap.states_by_group[g].values()
               if s.tier == Tier.HOST and s.moving_to is None and not s.pinned
-              and s.key not in keep and nodes & set(snap.cluster.worker_groups[s.wg].nodes)]
+              and s.key not in keep]
     parked.sort(key=lambda s: (-s.num_bytes, s.key))
     moves, freed = [], 0
     for view in parked:
