@@ -283,8 +283,8 @@ def _reserve(snap: Snapshot, head: JobSpec, now: float) -> _Reservation:
     releases = sorted((e, w) for w, e in ends.items() if e != float("inf"))
     for i, (end, wg) in enumerate(releases):
         group = snap.cluster.worker_groups[wg]
-        for node in group.nodes:
-            free[node] += group.num_devices // len(group.nodes)
+        for node, devices in group.devices_per_node(snap.cluster.nodes).items():
+            free[node] += devices
         total_free += group.num_devices
         last_at_this_time = i + 1 == len(releases) or releases[i + 1][0] > end
         if last_at_this_time and total_free >= total_need and _fits_all(free, snap, need):

@@ -75,6 +75,14 @@ class WorkerGroupSpec:
     pool: str = ""               #: carved groups: the pool class later jobs may share ("": private)
     carved: bool = False         #: cut from free devices at admission, released with its last job
 
+    def devices_per_node(self, nodes: dict[NodeId, "NodeSpec"]) -> dict[NodeId, int]:
+        """Devices it holds on each of its nodes: filling them in order (a cut group is even)."""
+        out, left = {}, self.num_devices
+        for node in self.nodes:
+            out[node] = min(left, nodes[node].num_devices) if node != self.nodes[-1] else left
+            left -= out[node]
+        return out
+
 
 @dataclass(frozen=True)
 class ClusterSpec:

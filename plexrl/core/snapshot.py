@@ -168,8 +168,8 @@ class Snapshot:
         """Devices of each node that no worker group holds."""
         free = {n: spec.num_devices for n, spec in self.cluster.nodes.items()}
         for group in self.cluster.worker_groups.values():
-            for node in group.nodes:
-                free[node] -= group.num_devices // len(group.nodes)
+            for node, devices in group.devices_per_node(self.cluster.nodes).items():
+                free[node] -= devices
         return free
 
     @cached_property
