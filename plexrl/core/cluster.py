@@ -90,6 +90,8 @@ class ClusterSpec:
 
     nodes: dict[NodeId, NodeSpec]
     worker_groups: dict[WorkerGroupId, WorkerGroupSpec]
+    #: answers of pure functions of this cluster's specs (placement fits), filled on use
+    memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
     def total_devices(self) -> int:

@@ -32,15 +32,47 @@ def admit(snap: Snapshot, spec: JobSpec) -> list[Decision]:
     decisions: list[Decision] = []
     for role, copy, groups in spec.candidates:
         decl = spec.model(role)
-        fitting = [wg for wg in groups if _fits(snap, decl, copy, wg)]
+        fitting = _fitting(snap, spec, role, copy, groups)
         if not fitting:
             return [Reject(job=spec.job, reason=_no_fit_reason(snap, spec, decl, copy, groups))]
-        roomy = [wg for wg in fitting if _pinned_bytes(snap, decl, copy, wg) <= host_room(snap, wg)]
+        roomy = [wg for wg, pinned in fitting if not pinned or pinned <= host_room(snap, wg)]
         if not roomy:
             return []
-        best = min(roomy, key=lambda wg: _score(snap, wg))
+        bound = snap.num_bound_jobs
+        sign = -1 if snap.config.placement == "pack" else 1
+        best = min(roomy, key=lambda wg: (sign * bound[wg], -_budget(snap, wg), wg))
         decisions.append(Place(job=spec.job, role=role, copy=copy, wg=best))
     return decisions
+
+
+def _fitting(snap: Snapshot, spec: JobSpec, role, copy: Copy,
+             groups: tuple[WorkerGroupId, ...]) -> list[tuple[WorkerGroupId, int]]:
+    """The candidate groups a copy could ever fit, with its pinned bytes on each.
+
+    Whether a copy fits depends only on the job's models and the group's shape (devices,
+    purpose, device and host specs), so the answer is memoised per shape on the ClusterSpec
+    (a changed cluster is a new ClusterSpec with an empty memo).
+    """
+    memo, out = snap.cluster.memo, []
+    for wg in groups:
+        key = (spec.placement_key, role, copy, _shape(snap, wg))
+        if key not in memo:
+            decl = spec.model(role)
+            memo[key] = _pinned_bytes(snap, decl, copy, wg) if _fits(snap, decl, copy, wg) else None
+        if memo[key] is not None:
+            out.append((wg, memo[key]))
+    return out
+
+
+def _shape(snap: Snapshot, wg: WorkerGroupId) -> int:
+    """A small number naming what fitting depends on: devices, purpose, device, host capacity."""
+    memo = snap.cluster.memo
+    if ("shape", wg) not in memo:
+        group = snap.cluster.worker_groups[wg]
+        shape = ("shape", group.num_devices, group.purpose, snap.cluster.device_of(wg),
+                 host_capacity(snap, wg))
+        memo[("shape", wg)] = memo.setdefault(shape, len(memo))
+    return memo[("shape", wg)]
 
 
 def _layout_ok(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) -> bool:
@@ -81,10 +113,11 @@ def _parked_bytes(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId
     return largest + _pinned_bytes(snap, decl, copy, wg)
 
 
-def _score(snap: Snapshot, wg: WorkerGroupId) -> tuple:
-    """spread: fewest bound jobs first; pack: most; then the largest budget, then by id."""
-    bound = snap.num_bound_jobs[wg]
-    return (-bound if snap.config.placement == "pack" else bound, -snap.cluster.device_budget(wg), wg)
+def _budget(snap: Snapshot, wg: WorkerGroupId) -> float:
+    memo = snap.cluster.memo
+    if ("budget", wg) not in memo:
+        memo[("budget", wg)] = snap.cluster.device_budget(wg)
+    return memo[("budget", wg)]
 
 
 def _no_fit_reason(snap: Snapshot, spec: JobSpec, decl: ModelDecl, copy: Copy,
