@@ -181,7 +181,7 @@ def _host_room_for(snap: Snapshot, decl, req: PoolRequest, nodes: tuple[NodeId, 
     usable = snap.cluster.nodes[nodes[0]].device.usable_bytes
     if not _pinned(decl, req, usable):
         return True
-    room = min(snap.cluster.nodes[n].host_bytes - snap.host_state_bytes[n] for n in nodes) * len(nodes)
+    room = min(snap.cluster.nodes[n].host_bytes - snap.host_bytes_on(n) for n in nodes) * len(nodes)
     return _pinned(decl, req, usable) <= room
 
 

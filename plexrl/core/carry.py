@@ -63,8 +63,8 @@ def carrying(remember: bool):
 def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
     """The Delta of one fold, by rule for events and decisions whose effect is known."""
     match change:
-        case e.JobSubmitted() | d.Reject():
-            return Delta()
+        case e.JobSubmitted() | e.JobProgress() | d.Reject():
+            return Delta()   # pending jobs and progress feed admission, which always runs
         case e.CallQueued():
             return Delta(calls_added=new.queued[len(old.queued):])
         case e.CallFinished(wg=wg):

@@ -152,6 +152,11 @@ class Snapshot:
         """Bytes of States parked on, or arriving at, each node's host memory."""
         return {node: self.host_state_bytes_of(node) for node in self.cluster.nodes}
 
+    def host_bytes_on(self, node: NodeId) -> float:
+        """``host_state_bytes[node]``, without computing every other node's when not known yet."""
+        known = self.__dict__.get("host_state_bytes")
+        return known[node] if known is not None else self.host_state_bytes_of(node)
+
     def host_state_bytes_of(self, node: NodeId) -> float:
         """A group's parked bytes (an exact integer) spread evenly over its nodes; the shares
         summed exactly (``fsum``), so the total does not depend on any order."""

@@ -34,6 +34,6 @@ def host_capacity(snap: Snapshot, wg: WorkerGroupId) -> float:
 
 def host_room(snap: Snapshot, wg: WorkerGroupId, used: dict[NodeId, float] | None = None) -> float:
     """Bytes a worker group can still park on host memory (its tightest node decides)."""
-    used = snap.host_state_bytes if used is None else used
     nodes = snap.cluster.worker_groups[wg].nodes
-    return min(snap.cluster.nodes[n].host_bytes - used[n] for n in nodes) * len(nodes)
+    used_on = snap.host_bytes_on if used is None else used.__getitem__
+    return min(snap.cluster.nodes[n].host_bytes - used_on(n) for n in nodes) * len(nodes)
