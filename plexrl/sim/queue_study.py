@@ -3,13 +3,15 @@
 Owns: ``study`` (for each load point of a scenario's ``[sweep.axes.load]`` and each queue
 policy: the first experiment simulated in plexrl mode at the fixed sizes, its call waits on
 the shared training pool, and each job's slowdown against the same job alone under the same
-policy), ``offered_load`` and ``wait_stats``. Must not know: output formats, the CLI.
+policy), ``offered_load`` and ``wait_stats`` (waits, and the share of calls that were a
+choice between jobs). Must not know: output formats, the CLI.
 
 Definitions (docs/design-queues.md):
 
-- a load point sets every workload's think time (``reward_s``: the verifier or sandbox time
-  between a rollout and its training calls) to one value of the ``load`` axis; a shorter
-  think time makes every job come back to the pool sooner;
+- a load point sets the mean think time (``reward_s``: the verifier or sandbox time between
+  a rollout and its training calls) of the workloads to one value of the ``load`` axis,
+  each keeping its share from the scenario (Q7); a shorter think time makes every job come
+  back to the pool sooner;
 - offered load = sum over jobs of (the job's busy seconds on the shared pool per step /
   its step time), both measured with the job alone: the share of the pool the jobs would
   keep busy if sharing cost them nothing. Above about 1 the pool is saturated;
