@@ -102,9 +102,20 @@ def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
     dispatch it when its States are resident and its workspace fits, else make room."""
     keys = needed_keys(snap, call)
     if running is not None:
-        return make_resident(snap, wg, keys, 0, protect=needed_keys(snap, running),
+        return make_resident(snap, wg, keys, 0, protect=_in_use(snap, running),
                              reason="prefetch")
     if all(is_resident(snap.states[k]) for k in keys) and device_free(snap, wg) >= call.workspace_bytes:
         return [Dispatch(call=call.call, wg=wg, uses=keys)]
     return make_resident(snap, wg, keys, call.workspace_bytes, protect=(), reason="onload",
                          for_call=call.call)
+
+
+def _in_use(snap: Snapshot, running: CallView) -> tuple[StateKey, ...]:
+    """States prefetch must not evict: the running call's, and those of its job's next
+    queued call on the same copy and group (it runs next when its job's batch goes on)."""
+    keys = needed_keys(snap, running)
+    for call in snap.queued_by_group.get(running.wg, ()):
+        if (call.job, call.role, call.copy, call.seq) == \
+                (running.job, running.role, running.copy, running.seq + 1):
+            return keys + tuple(k for k in needed_keys(snap, call) if k not in keys)
+    return keys

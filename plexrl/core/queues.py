@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 from plexrl.core.snapshot import CallView
 from plexrl.errors import ConfigError
-from plexrl.protocol import JobId
+from plexrl.protocol import Function, JobId, Role
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ class HrrsQueue:
     ratio = (wait + service) / (service + switch). A call whose States are resident wins
     ties, short calls pass long ones, and waiting raises every ratio. A call that has waited
     more than ``max_wait_s`` is overdue: overdue calls go first, oldest first (no starvation).
-    Otherwise, while the job served last has a runnable call, its calls go on (the rest of
-    its batch: LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP), the ratio choosing among them;
-    the ratio picks among all jobs only when that job has nothing runnable
-    (docs/design-queues.md, Q2).
+    Otherwise, while the job served last has a runnable call that continues its step's
+    batch (``batch_of``: the reference LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP after the
+    policy LOGPROBS), those go on, the ratio choosing among them; the ratio picks among all
+    jobs when that job's batch has nothing runnable, so its next step's batch competes like
+    any other (docs/design-queues.md, Q2 and Q8).
     """
 
     name = "hrrs"
@@ -90,7 +91,7 @@ class HrrsQueue:
         overdue = [c for c in candidates if c.wait_s > max_wait_s]
         if overdue:
             return min(overdue, key=lambda c: c.arrival)
-        batch = [c for c in candidates if c.call.job == last_job]
+        batch = batch_of(candidates, last_job)
         return min(batch or candidates, key=lambda c: (-ratio(c), c.switch_s, c.arrival))
 
     def stable_until(self, candidates, picked, rivals, last_job, now, max_wait_s):
@@ -101,8 +102,8 @@ class HrrsQueue:
         stays: later overdue calls arrived later."""
         if picked.wait_s > max_wait_s or not rivals:
             return math.inf
-        batch = [c for c in candidates if c.call.job == last_job]   # who the ratio picks among
-        rivals = [r for r in rivals if not batch or r.call.job == last_job]
+        batch = {c.call.call for c in batch_of(candidates, last_job)}  # who the ratio picks among
+        rivals = [r for r in rivals if not batch or r.call.call in batch]
         until = min(c.call.queued_at + max_wait_s for c in candidates)
         if until < math.inf:
             until -= _ROUNDING * (abs(until) + max_wait_s + 1.0)
@@ -130,6 +131,25 @@ def _overtaken_at(picked: Candidate, rival: Candidate, now: float) -> float:
         return now
     closing = (1 / dr - 1 / dp) + 2 * _ROUNDING * (1 / dp + 1 / dr)  # per second, errors grow
     return math.inf if closing <= 0 else now + margin / closing
+
+
+def batch_of(candidates: Sequence[Candidate], last_job: JobId | None) -> list[Candidate]:
+    """The candidates that continue the batch ``last_job`` is running on the group.
+
+    A step's batch on the trainer copy begins with its LOGPROBS (the policy's, and the
+    reference model's beside it); FORWARD_BACKWARD and OPTIM_STEP continue it. So a policy
+    LOGPROBS never continues a batch (its seq follows the previous step's OPTIM_STEP: that
+    batch is over), and a reference LOGPROBS continues one only once its step's policy
+    LOGPROBS has gone (is no longer a candidate). Other functions of the last job continue.
+    """
+    heads = {c.call.step for c in candidates
+             if c.call.job == last_job and _policy_logprobs(c)}
+    return [c for c in candidates if c.call.job == last_job and not _policy_logprobs(c)
+            and not (c.call.function == Function.LOGPROBS and c.call.step in heads)]
+
+
+def _policy_logprobs(c: Candidate) -> bool:
+    return c.call.function == Function.LOGPROBS and c.call.role == Role.POLICY
 
 
 def ratio(c: Candidate) -> float:

@@ -80,6 +80,8 @@ class SimJob:
         self.generate_done = 0    # GENERATE calls finished
         self.synced = 0           # highest version a SYNC_WEIGHTS was issued for
         self.trained = 0          # OPTIM_STEPs finished (= trainer weight version)
+        #: rollouts already simulated, shared by runs that may reuse them: see _rollout_cost
+        self.rollout_memo: dict | None = None
 
     # -- what the job declares ------------------------------------------------------------
     def spec(self, rollout_wgs: tuple[WorkerGroupId, ...], train_wgs: tuple[WorkerGroupId, ...]) -> JobSpec:
@@ -170,6 +172,28 @@ class SimJob:
         return CallCost(sync_s, 0.0)
 
     def _rollout_cost(self, step: int, num_devices: int) -> CallCost:
+        """One rollout, simulated (``simulate_rollout``), or taken from ``rollout_memo``.
+
+        A job's rollouts run in step order and draw tool latencies from the job's own
+        stream, so rollout k is the same in every run of the same job (id, workload but its
+        reward_s, model, cluster, seed) on as many devices. The memo maps (job, devices,
+        step) to the cost, the decode efficiency and the stream's state after the rollout,
+        restored on a hit so a later miss draws what it would have. Whoever shares one memo
+        between runs vouches that they differ in nothing else (plexrl/sim/queue_study.py).
+        """
+        key = (self.job, num_devices, step)
+        if self.rollout_memo is not None and key in self.rollout_memo:
+            cost, efficiency, state = self.rollout_memo[key]
+            self._tools_rng.bit_generator.state = state
+            self.log.decode_efficiency.append(efficiency)
+            return cost
+        cost = self._simulate_rollout(step, num_devices)
+        if self.rollout_memo is not None:
+            self.rollout_memo[key] = (cost, self.log.decode_efficiency[-1],
+                                      self._tools_rng.bit_generator.state)
+        return cost
+
+    def _simulate_rollout(self, step: int, num_devices: int) -> CallCost:
         instances = max(1, num_devices // self.model.rollout_tp)
         lengths = self.lengths(step)
         result: RolloutResult = simulate_rollout(lengths, self.workload.prompt_tokens, instances,

@@ -3,18 +3,23 @@
 Owns: ``study`` (for each load point of a scenario's ``[sweep.axes.load]`` and each queue
 policy: the first experiment simulated in plexrl mode at the fixed sizes, its call waits on
 the shared training pool, and each job's slowdown against the same job alone under the same
-policy), ``offered_load`` and ``wait_stats``. Must not know: output formats, the CLI.
+policy), ``offered_load`` and ``wait_stats`` (waits, and the share of calls that were a
+choice between jobs). Must not know: output formats, the CLI.
 
 Definitions (docs/design-queues.md):
 
-- a load point sets every workload's think time (``reward_s``: the verifier or sandbox time
-  between a rollout and its training calls) to one value of the ``load`` axis; a shorter
-  think time makes every job come back to the pool sooner;
+- a load point sets the mean think time (``reward_s``: the verifier or sandbox time between
+  a rollout and its training calls) of the workloads to one value of the ``load`` axis,
+  each keeping its share from the scenario (Q7); a shorter think time makes every job come
+  back to the pool sooner;
 - offered load = sum over jobs of (the job's busy seconds on the shared pool per step /
   its step time), both measured with the job alone: the share of the pool the jobs would
   keep busy if sharing cost them nothing. Above about 1 the pool is saturated;
 - call wait = start - queued of every call on the shared pool that belongs to a measured
   step (``warmup_steps <= step < num_steps``), so every policy is judged on the same calls;
+  ready wait = start - ready, ready = when the call became runnable (its job's previous
+  call on the same model copy ended; plexrl/sim/readiness.py). The claim is tested on the
+  ready wait (Q6);
 - slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest.
 """
 
@@ -26,11 +31,11 @@ import numpy as np
 
 from plexrl.errors import ConfigError
 from plexrl.protocol import JobId
-from plexrl.sim.experiment import fixed_sizes, run_mode, simulate
-from plexrl.sim.loop import Trace
-from plexrl.sim.modes import SHARED_TRAIN, Sizes, build_layout
+from plexrl.sim.experiment import core_config, fixed_sizes
+from plexrl.sim.modes import SHARED_TRAIN, Layout, Sizes, build_layout
+from plexrl.sim.readiness import Dispatched, simulate_recorded
 from plexrl.sim.scenario import Scenario
-from plexrl.sim.sweep import expand, variant
+from plexrl.sim.sweep import variant
 
 POLICIES = ("fcfs", "round-robin", "hrrs")
 LOAD_AXIS = "load"
@@ -46,12 +51,22 @@ class Alone:
 
 
 @dataclass(frozen=True)
+class Waits:
+    """Call waits on the shared pool over the measured steps (s)."""
+
+    mean_wait_s: float           #: start - queued
+    p99_wait_s: float
+    mean_ready_s: float          #: start - ready (the wait the queue policy controls)
+    p99_ready_s: float
+    num_calls: int
+    contended: float             #: share of the calls that started while another job's waited
+
+
+@dataclass(frozen=True)
 class PolicyPoint:
     """One (load, policy) cell of the study."""
 
-    mean_wait_s: float
-    p99_wait_s: float
-    num_calls: int
+    waits: Waits
     slowdown: dict[JobId, float]
 
     @property
@@ -76,21 +91,34 @@ def load_values(s: Scenario) -> tuple[float, ...]:
 
 
 def at_load(s: Scenario, think_s: float, policy: str) -> Scenario:
-    """The scenario at one load point, under one queue policy."""
-    return replace(variant(s, expand(s, "workloads.*.reward_s", think_s)), queue_policy=policy)
+    """The scenario at one load point, under one queue policy: every workload's think time
+    scaled by one factor so that their mean is ``think_s`` (each keeps its share, Q7)."""
+    mean = float(np.mean([w.reward_s for w in s.workloads.values()]))
+    overrides = [f"workloads.{name}.reward_s={think_s * w.reward_s / mean!r}"
+                 for name, w in s.workloads.items()]
+    return replace(variant(s, overrides), queue_policy=policy)
 
 
-def measured(calls, warmup_steps: int, num_steps: int) -> list:
+def measured(calls: list[Dispatched], warmup_steps: int, num_steps: int) -> list[Dispatched]:
     """Calls on the shared training pool that belong to a measured step."""
-    return [c for c in calls if c.wg == SHARED_TRAIN and warmup_steps <= c.step < num_steps]
+    return [c for c in calls
+            if c.record.wg == SHARED_TRAIN and warmup_steps <= c.record.step < num_steps]
 
 
-def wait_stats(trace: Trace, warmup_steps: int, num_steps: int) -> tuple[float, float, int]:
-    """Mean and p99 call wait (s) on the shared pool over the measured steps, and the count."""
-    waits = np.array([c.start_s - c.queued_s for c in measured(trace.calls, warmup_steps, num_steps)])
-    if waits.size == 0:
+def wait_stats(calls: list[Dispatched], warmup_steps: int, num_steps: int) -> Waits:
+    """Mean and p99 of both waits on the shared pool over the measured steps, and how many
+    of those calls were a choice between jobs (another job's call was ready and waiting)."""
+    pool = [c for c in calls if c.record.wg == SHARED_TRAIN]
+    calls = measured(calls, warmup_steps, num_steps)
+    if not calls:
         raise ValueError("no measured calls on the shared training pool")
-    return float(waits.mean()), float(np.percentile(waits, 99)), int(waits.size)
+    wait = np.array([c.wait_s for c in calls])
+    ready = np.array([c.wait_ready_s for c in calls])
+    contended = sum(any(o.record.job != c.record.job and o.ready_s <= c.record.start_s < o.record.start_s
+                        for o in pool) for c in calls)
+    return Waits(float(wait.mean()), float(np.percentile(wait, 99)),
+                 float(ready.mean()), float(np.percentile(ready, 99)), len(calls),
+                 contended / len(calls))
 
 
 def step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
@@ -98,14 +126,25 @@ def step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
     return (ends[num_steps - 1] - ends[warmup_steps - 1]) / (num_steps - warmup_steps)
 
 
-def alone(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int) -> dict[JobId, Alone]:
+def simulate(s: Scenario, layout: Layout, memo: dict | None) -> list[Dispatched]:
+    """Every dispatched call of ``layout`` run under ``s``; rollouts shared through ``memo``
+    (one study's runs differ only in think time, queue policy and co-tenants, none of which
+    changes a job's rollouts: SimJob._rollout_cost)."""
+    for sim_job in layout.jobs.values():
+        sim_job.rollout_memo = memo
+    return simulate_recorded(layout, core_config(s))[1]
+
+
+def alone(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int,
+          memo: dict | None = None) -> dict[JobId, Alone]:
     """Each job of an experiment run with no co-tenant (same id, seed, sizes and policy)."""
     out = {}
     for index, name in enumerate(workloads):
         layout = build_layout(s, MODE, (name,), sizes, seed, indexes=(index,))
-        trace = simulate(s, layout)
+        calls = simulate(s, layout, memo)
         for job, sim_job in layout.jobs.items():
-            busy = sum(c.end_s - c.start_s for c in measured(trace.calls, s.warmup_steps, s.num_steps))
+            busy = sum(c.record.end_s - c.record.start_s
+                       for c in measured(calls, s.warmup_steps, s.num_steps))
             out[job] = Alone(step_s(sim_job.log.step_end, s.warmup_steps, s.num_steps),
                              busy / (s.num_steps - s.warmup_steps))
     return out
@@ -116,12 +155,13 @@ def offered_load(jobs: dict[JobId, Alone]) -> float:
 
 
 def run_policy(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int,
-               solo: dict[JobId, Alone]) -> PolicyPoint:
+               solo: dict[JobId, Alone], memo: dict | None = None) -> PolicyPoint:
     """The experiment shared under ``s.queue_policy``: waits, and slowdowns against ``solo``."""
-    shared = run_mode(s, MODE, workloads, sizes, seed, with_alone=False)
-    mean, p99, count = wait_stats(shared.trace, s.warmup_steps, s.num_steps)
-    slowdown = {job: r.step_s / solo[job].step_s for job, r in shared.jobs.items()}
-    return PolicyPoint(mean, p99, count, slowdown)
+    layout = build_layout(s, MODE, workloads, sizes, seed)
+    calls = simulate(s, layout, memo)
+    slowdown = {job: step_s(j.log.step_end, s.warmup_steps, s.num_steps) / solo[job].step_s
+                for job, j in layout.jobs.items()}
+    return PolicyPoint(wait_stats(calls, s.warmup_steps, s.num_steps), slowdown)
 
 
 def study(s: Scenario, policies: tuple[str, ...] = POLICIES, seed: int | None = None
@@ -130,13 +170,13 @@ def study(s: Scenario, policies: tuple[str, ...] = POLICIES, seed: int | None = 
     seed = s.seed if seed is None else seed
     workloads = next(iter(s.experiments.values())).workloads
     sizes = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
-    points = []
+    points, memo = [], {}
     for think_s in load_values(s):
         cells, offered = {}, None
         for policy in policies:
             variant_s = at_load(s, think_s, policy)
-            solo = alone(variant_s, workloads, sizes, seed)
-            cells[policy] = run_policy(variant_s, workloads, sizes, seed, solo)
+            solo = alone(variant_s, workloads, sizes, seed, memo)
+            cells[policy] = run_policy(variant_s, workloads, sizes, seed, solo, memo)
             offered = offered_load(solo) if offered is None else offered
         points.append(LoadPoint(think_s, offered, cells))
     return points
@@ -145,9 +185,12 @@ def study(s: Scenario, policies: tuple[str, ...] = POLICIES, seed: int | None = 
 def to_json(points: list[LoadPoint]) -> list[dict]:
     """JSON-ready rows, one per load point, rounded for reading."""
     return [{"think_s": p.think_s, "offered_load": round(p.offered_load, 3),
-             "policies": {name: {"mean_wait_s": round(c.mean_wait_s, 3),
-                                 "p99_wait_s": round(c.p99_wait_s, 3),
-                                 "num_calls": c.num_calls,
+             "policies": {name: {"mean_wait_s": round(c.waits.mean_wait_s, 3),
+                                 "p99_wait_s": round(c.waits.p99_wait_s, 3),
+                                 "mean_ready_wait_s": round(c.waits.mean_ready_s, 3),
+                                 "p99_ready_wait_s": round(c.waits.p99_ready_s, 3),
+                                 "num_calls": c.waits.num_calls,
+                                 "contended": round(c.waits.contended, 3),
                                  "worst_slowdown": round(c.worst_slowdown, 4),
                                  "slowdown": {j: round(v, 4) for j, v in sorted(c.slowdown.items())}}
                           for name, c in p.policies.items()}}

@@ -133,3 +133,40 @@ def test_unknown_queue_policy_is_a_config_error_naming_the_valid_ones(name):
     for valid in ("fcfs", "hrrs", "round-robin"):
         assert valid in str(err)
     assert repr(name) in str(err)
+
+
+def train(call: int, job: str, function: Function, step: int, *, role: str = "policy",
+          queued_at: float = 0.0, service_s: float = 1.0) -> Candidate:
+    view = CallView(call=call, job=job, seq=0, function=function, role=role, wg="g0",
+                    queued_at=queued_at, step=step)
+    return Candidate(view, NOW - queued_at, service_s, 0.0)
+
+
+LP, FB, OPT = Function.LOGPROBS, Function.FORWARD_BACKWARD, Function.OPTIM_STEP
+BATCH_ROWS = [
+    # (why, candidates, last_job, expected pick); b's call always has the higher ratio
+    ("the last job's FORWARD_BACKWARD goes on", [train(1, "a", FB, 3, queued_at=90, service_s=10),
+                                                  train(2, "b", LP, 5)], "a", 1),
+    ("the last job's OPTIM_STEP goes on", [train(1, "a", OPT, 3, queued_at=90, service_s=10),
+                                            train(2, "b", LP, 5)], "a", 1),
+    ("its next step's policy LOGPROBS competes", [train(1, "a", LP, 4, queued_at=90),
+                                                   train(2, "b", LP, 5)], "a", 2),
+    ("a reference LOGPROBS whose policy LOGPROBS went goes on",
+     [train(1, "a", LP, 3, role="reference", queued_at=90), train(2, "b", LP, 5)], "a", 1),
+    ("a reference LOGPROBS beside its step's policy LOGPROBS competes",
+     [train(1, "a", LP, 4, role="reference", queued_at=90), train(3, "a", LP, 4, queued_at=90),
+      train(2, "b", LP, 5)], "a", 2),
+    ("within the batch the ratio chooses", [train(1, "a", FB, 3, queued_at=90, service_s=10),
+                                            train(3, "a", LP, 3, role="reference", queued_at=90),
+                                            train(2, "b", LP, 5)], "a", 3),
+    ("another job's batch does not hold the group", [train(1, "a", FB, 3, queued_at=90, service_s=10),
+                                                     train(2, "b", LP, 5)], "c", 2),
+]
+
+
+@pytest.mark.parametrize("why, candidates, last_job, expected", BATCH_ROWS,
+                         ids=[r[0] for r in BATCH_ROWS])
+def test_hrrs_keeps_one_steps_batch_together_and_no_more(why, candidates, last_job, expected):
+    hrrs = HrrsQueue()
+    assert hrrs.pick(candidates, last_job, 600.0).call.call == expected, why
+    assert hrrs.pick(list(reversed(candidates)), last_job, 600.0).call.call == expected, why
