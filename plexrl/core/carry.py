@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from plexrl.core import decisions as d
 from plexrl.core import events as e
+from plexrl.core.jobs import keys_of
 from plexrl.core.snapshot import CallView, Snapshot
 from plexrl.protocol import JobId, State, StateKey, WorkerGroupId
 
@@ -79,6 +80,11 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
             return Delta(states=(key,), groups=frozenset((wg,)))
         case d.Dispatch(wg=wg):
             return Delta(calls_removed=(new.running[wg],), groups=frozenset((wg,)))
+        case d.Place(job=job, role=role, copy=copy, wg=wg, carve=None):
+            was = old.jobs.get(job)
+            keys = keys_of(job, new.jobs[job].spec.model(role), copy)
+            return Delta(states=keys, rebound=(job,),
+                         groups=frozenset((wg, *(was.bindings.values() if was else ()))))
     return diff(old, new)
 
 
