@@ -2,7 +2,8 @@
 
 For each shipped queue scenario (queues-mixed, queues-agentic) and each load point of its
 ``[sweep.axes.load]`` (every job's think time), runs the first experiment in plexrl mode
-under each policy (plexrl/sim/queue_study.py) and prints ONE JSON object: per load point the
+under each policy, over the scenario's ``[sweep] seeds`` seeds (calls pooled, worst slowdown
+over the seeds; plexrl/sim/queue_study.py) and prints ONE JSON object: per load point the
 offered load, and per policy the mean and p99 call wait on the shared pool (``*_wait_s``:
 start - queued; ``*_ready_wait_s``: start - when the call became runnable, the wait the
 claim is tested on, docs/design-queues.md Q6), the share of calls that started while
@@ -14,7 +15,7 @@ wait since queued. Deterministic: fixed seeds. ``--set`` overrides apply to ever
 
 import argparse, json, sys, time  # noqa: E401
 
-from plexrl.sim.queue_study import study, to_json
+from plexrl.sim.queue_study import seeds, study, to_json
 from plexrl.sim.scenario import load_scenario
 
 SCENARIOS = ("queues-mixed", "queues-agentic")
@@ -41,7 +42,8 @@ def main() -> int:
             row["hrrs_vs_fcfs"] = claim(row, "ready_wait_s")
             row["hrrs_vs_fcfs_wait_since_queued"] = claim(row, "wait_s")
         out["scenarios"][name] = {"experiment": next(iter(s.experiments)),
-                                  "num_steps": s.num_steps, "seed": s.seed, "points": rows}
+                                  "num_steps": s.num_steps, "seeds": list(seeds(s)),
+                                  "points": rows}
     out["wall_s"] = round(time.perf_counter() - start, 1)
     json.dump(out, sys.stdout, indent=1)
     print()

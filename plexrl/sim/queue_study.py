@@ -3,8 +3,9 @@
 Owns: ``study`` (for each load point of a scenario's ``[sweep.axes.load]`` and each queue
 policy: the first experiment simulated in plexrl mode at the fixed sizes, its call waits on
 the shared training pool, and each job's slowdown against the same job alone under the same
-policy), ``offered_load`` and ``wait_stats`` (waits, and the share of calls that were a
-choice between jobs). Must not know: output formats, the CLI.
+policy), each measured over ``[sweep] seeds`` seeds (the scenario's seed and the next ones),
+``offered_load`` and ``wait_stats`` (waits, and the share of calls that were a choice between
+jobs). Must not know: output formats, the CLI.
 
 Definitions (docs/design-queues.md):
 
@@ -20,7 +21,10 @@ Definitions (docs/design-queues.md):
   ready wait = start - ready, ready = when the call became runnable (its job's previous
   call on the same model copy ended; plexrl/sim/readiness.py). The claim is tested on the
   ready wait (Q6);
-- slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest.
+- slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest;
+- a cell pools the measured calls of every seed for the mean and p99 waits, and takes each
+  job's largest slowdown over the seeds (Q12): one seed is one trajectory, and at light
+  load a few meetings on the pool decide it.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ class PolicyPoint:
 @dataclass(frozen=True)
 class LoadPoint:
     think_s: float               #: every workload's reward_s at this point
-    offered_load: float          #: sum over jobs of busy / step time, each alone (first policy)
+    offered_load: float          #: sum over jobs of busy / step time, each alone (first policy,
+                                 #: mean over the seeds)
     policies: dict[str, PolicyPoint]
 
 
@@ -105,17 +110,22 @@ def measured(calls: list[Dispatched], warmup_steps: int, num_steps: int) -> list
             if c.record.wg == SHARED_TRAIN and warmup_steps <= c.record.step < num_steps]
 
 
-def wait_stats(calls: list[Dispatched], warmup_steps: int, num_steps: int) -> Waits:
-    """Mean and p99 of both waits on the shared pool over the measured steps, and how many
-    of those calls were a choice between jobs (another job's call was ready and waiting)."""
-    pool = [c for c in calls if c.record.wg == SHARED_TRAIN]
-    calls = measured(calls, warmup_steps, num_steps)
+def wait_stats(runs: list[list[Dispatched]], warmup_steps: int, num_steps: int) -> Waits:
+    """Mean and p99 of both waits on the shared pool over the measured steps of all
+    ``runs`` pooled (one run per seed), and how many of those calls were a choice between
+    jobs (another job's call of the same run was ready and waiting)."""
+    calls, contended = [], 0
+    for run in runs:
+        pool = [c for c in run if c.record.wg == SHARED_TRAIN]
+        mine = measured(run, warmup_steps, num_steps)
+        contended += sum(any(o.record.job != c.record.job
+                             and o.ready_s <= c.record.start_s < o.record.start_s
+                             for o in pool) for c in mine)
+        calls += mine
     if not calls:
         raise ValueError("no measured calls on the shared training pool")
     wait = np.array([c.wait_s for c in calls])
     ready = np.array([c.wait_ready_s for c in calls])
-    contended = sum(any(o.record.job != c.record.job and o.ready_s <= c.record.start_s < o.record.start_s
-                        for o in pool) for c in calls)
     return Waits(float(wait.mean()), float(np.percentile(wait, 99)),
                  float(ready.mean()), float(np.percentile(ready, 99)), len(calls),
                  contended / len(calls))
@@ -154,30 +164,54 @@ def offered_load(jobs: dict[JobId, Alone]) -> float:
     return sum(a.busy_s_per_step / a.step_s for a in jobs.values())
 
 
-def run_policy(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int,
-               solo: dict[JobId, Alone], memo: dict | None = None) -> PolicyPoint:
-    """The experiment shared under ``s.queue_policy``: waits, and slowdowns against ``solo``."""
+def run_shared(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seed: int,
+               solo: dict[JobId, Alone], memo: dict | None = None
+               ) -> tuple[list[Dispatched], dict[JobId, float]]:
+    """The experiment shared under ``s.queue_policy``: its calls, and slowdowns against ``solo``."""
     layout = build_layout(s, MODE, workloads, sizes, seed)
     calls = simulate(s, layout, memo)
     slowdown = {job: step_s(j.log.step_end, s.warmup_steps, s.num_steps) / solo[job].step_s
                 for job, j in layout.jobs.items()}
-    return PolicyPoint(wait_stats(calls, s.warmup_steps, s.num_steps), slowdown)
+    return calls, slowdown
 
 
-def study(s: Scenario, policies: tuple[str, ...] = POLICIES, seed: int | None = None
-          ) -> list[LoadPoint]:
-    """Every load point of ``s`` under every policy, for its first experiment."""
-    seed = s.seed if seed is None else seed
+def run_policy(s: Scenario, workloads: tuple[str, ...], sizes: Sizes, seeds: tuple[int, ...],
+               memos: dict[int, dict] | None = None) -> tuple[PolicyPoint, float]:
+    """The experiment shared under ``s.queue_policy`` once per seed: waits pooled over the
+    seeds, each job's largest slowdown over them; and the mean offered load."""
+    runs, slowdown, offered = [], {}, []
+    for seed in seeds:
+        memo = None if memos is None else memos.setdefault(seed, {})
+        solo = alone(s, workloads, sizes, seed, memo)
+        calls, by_job = run_shared(s, workloads, sizes, seed, solo, memo)
+        runs.append(calls)
+        offered.append(offered_load(solo))
+        for job, v in by_job.items():
+            slowdown[job] = max(v, slowdown.get(job, v))
+    return (PolicyPoint(wait_stats(runs, s.warmup_steps, s.num_steps), slowdown),
+            float(np.mean(offered)))
+
+
+def seeds(s: Scenario) -> tuple[int, ...]:
+    """The seeds a cell is measured over: the scenario's and the next ``sweep.seeds - 1``
+    (as ``sweep.run_sweep`` takes them)."""
+    return tuple(range(s.seed, s.seed + s.sweep.seeds))
+
+
+def study(s: Scenario, policies: tuple[str, ...] = POLICIES,
+          seeds_: tuple[int, ...] | None = None) -> list[LoadPoint]:
+    """Every load point of ``s`` under every policy, for its first experiment, each cell
+    over ``seeds_`` (default ``seeds(s)``). A memo per seed shares rollouts between runs."""
+    seeds_ = seeds(s) if seeds_ is None else seeds_
     workloads = next(iter(s.experiments.values())).workloads
     sizes = fixed_sizes(s.sizes[s.workloads[workloads[0]].model])
-    points, memo = [], {}
+    points, memos = [], {}
     for think_s in load_values(s):
         cells, offered = {}, None
         for policy in policies:
-            variant_s = at_load(s, think_s, policy)
-            solo = alone(variant_s, workloads, sizes, seed, memo)
-            cells[policy] = run_policy(variant_s, workloads, sizes, seed, solo, memo)
-            offered = offered_load(solo) if offered is None else offered
+            cells[policy], load = run_policy(at_load(s, think_s, policy), workloads, sizes,
+                                             seeds_, memos)
+            offered = load if offered is None else offered
         points.append(LoadPoint(think_s, offered, cells))
     return points
 
