@@ -3,7 +3,7 @@
 Owns: ``Delta`` (what one fold changed: States, queued calls, per-group fields), how to find
 it for each event and decision (by rule for the frequent ones, by comparing the two
 Snapshots for any other), ``touched`` (the worker groups whose planning inputs a Delta can
-change: the definition of a dirty group, docs/design-perf.md P1), and ``carrying``, which
+change: the definition of a dirty group, docs/design.md P1), and ``carrying``, which
 the ledger's folds wear: fold, then hand every derived value the old Snapshot has computed
 to the new one, updated by the Delta; ``assume`` also remembers its result, so a decision
 the planner assumed is not assumed again by the driver. Must not know: policies, drivers,

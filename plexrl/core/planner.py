@@ -6,7 +6,7 @@ resident, or issue the Moves that make them resident; while a call runs, prefetc
 one's States where memory allows. Decisions are assumed into a working copy as they are
 made, so later groups see earlier ones. A group the Snapshot's memo (``quiet_groups``)
 knows would decide nothing is skipped, and a group found quiet is recorded there, with the
-times it stays quiet (docs/design-perf.md). Pure: same snapshot and time, same decisions.
+times it stays quiet (docs/design.md). Pure: same snapshot and time, same decisions.
 Must not know: who executes the decisions, or how long they really take.
 """
 

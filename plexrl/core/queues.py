@@ -82,7 +82,7 @@ class HrrsQueue:
     batch (``batch_of``: the reference LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP after the
     policy LOGPROBS), those go on, the ratio choosing among them; the ratio picks among all
     jobs when that job's batch has nothing runnable, so its next step's batch competes like
-    any other (docs/design-queues.md, Q2 and Q8).
+    any other (docs/design.md, D42 and D48).
     """
 
     name = "hrrs"

@@ -7,11 +7,11 @@ policy), each measured over ``[sweep] seeds`` seeds (the scenario's seed and the
 ``offered_load`` and ``wait_stats`` (waits, and the share of calls that were a choice between
 jobs). Must not know: output formats, the CLI.
 
-Definitions (docs/design-queues.md):
+Definitions (docs/design.md):
 
 - a load point sets the mean think time (``reward_s``: the verifier or sandbox time between
   a rollout and its training calls) of the workloads to one value of the ``load`` axis,
-  each keeping its share from the scenario (Q7); a shorter think time makes every job come
+  each keeping its share from the scenario (D47); a shorter think time makes every job come
   back to the pool sooner;
 - offered load = sum over jobs of (the job's busy seconds on the shared pool per step /
   its step time), both measured with the job alone: the share of the pool the jobs would
@@ -20,10 +20,10 @@ Definitions (docs/design-queues.md):
   step (``warmup_steps <= step < num_steps``), so every policy is judged on the same calls;
   ready wait = start - ready, ready = when the call became runnable (its job's previous
   call on the same model copy ended; plexrl/sim/readiness.py). The claim is tested on the
-  ready wait (Q6);
+  ready wait (D46);
 - slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest;
 - a cell pools the measured calls of every seed for the mean and p99 waits, and takes each
-  job's largest slowdown over the seeds (Q12): one seed is one trajectory, and at light
+  job's largest slowdown over the seeds (D52): one seed is one trajectory, and at light
   load a few meetings on the pool decide it.
 """
 
@@ -97,7 +97,7 @@ def load_values(s: Scenario) -> tuple[float, ...]:
 
 def at_load(s: Scenario, think_s: float, policy: str) -> Scenario:
     """The scenario at one load point, under one queue policy: every workload's think time
-    scaled by one factor so that their mean is ``think_s`` (each keeps its share, Q7)."""
+    scaled by one factor so that their mean is ``think_s`` (each keeps its share, D47)."""
     mean = float(np.mean([w.reward_s for w in s.workloads.values()]))
     overrides = [f"workloads.{name}.reward_s={think_s * w.reward_s / mean!r}"
                  for name, w in s.workloads.items()]

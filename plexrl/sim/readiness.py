@@ -5,7 +5,7 @@ became ready), ``simulate_recorded`` (simulate a layout keeping each dispatched 
 role and seq beside its record) and ``readiness`` (the ready time of every call).
 Must not know: queue policies, scenarios, sizes, output formats.
 
-Two waits of one call (docs/design-queues.md, Q6):
+Two waits of one call (docs/design.md, D46):
 
 - wait = start - queued: everything between the job issuing the call and its dispatch;
 - wait_ready = start - ready, ready = max(queued, end of the same job's previous call on

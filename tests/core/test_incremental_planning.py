@@ -2,7 +2,7 @@
 
 ``plan`` skips the worker groups its memo (``Snapshot.quiet_groups``) knows to be quiet, and
 the ledger's folds carry that memo and the derived indexes to the next Snapshot by rule
-(``core.carry``; docs/design-perf.md). On the random worlds and event sequences of
+(``core.carry``; docs/design.md). On the random worlds and event sequences of
 test_planner_properties (hypothesis), every plan is compared with a full re-plan on a copy
 of the Snapshot that carries nothing; every group the memo calls quiet must plan to nothing
 there, now and later inside its window; every carried index must equal the one computed

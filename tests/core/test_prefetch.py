@@ -5,7 +5,7 @@ is resident and runs its LOGPROBS; job b (50 params) waits on HOST with an older
 that needs its WEIGHTS (100 bytes), 36 more than the device has free. While a's LOGPROBS
 runs, FCFS picks b's call to prefetch. Room for it could only come from a's GRADS or
 OPTIMIZER, which a's queued FORWARD_BACKWARD needs next: prefetch must leave them
-(docs/design-queues.md, Q9).
+(docs/design.md, D49.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ of simultaneous events the loop plans until the core has nothing more to say, as
 simulator does. ``max_wait_s`` is small, so calls go overdue and the overdue path runs.
 
 For every call c, queued at q and runnable from r (its job's previous call dispatched), the
-test checks the bound of docs/design.md D6 (restated in docs/design-queues.md, Q3):
+test checks the bound of docs/design.md D6 (restated in docs/design.md, D43:
 
     dispatch(c) <= max(r, q + max_wait_s) + (Q + 2) x (S_max + X_max)
 

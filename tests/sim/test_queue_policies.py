@@ -2,12 +2,12 @@
 
 On queues-mixed and queues-agentic (>= 4 jobs on one training pool, training-call lengths
 spanning >= 10x), at each load point of ``[sweep.axes.load]``: HRRS has a lower mean and a
-lower p99 ready wait (start - when the call became runnable; docs/design-queues.md, Q6) on
+lower p99 ready wait (start - when the call became runnable; docs/design.md, D46 on
 the shared pool than FCFS, and a worst-job slowdown no more than FCFS's + 10%. Run as
 shipped (10 steps: 2 warm-up + 8 measured, >= 100 calls per run), each cell over the
 scenario's ``[sweep] seeds`` seeds: calls pooled for the mean and p99, the worst slowdown
-over the seeds (Q12). Cells where the claim does not hold are marked ``xfail(strict=True)``
-with the numbers measured and the reason (docs/design-queues.md, Q12); strict, so a change
+over the seeds (D52). Cells where the claim does not hold are marked ``xfail(strict=True)``
+with the numbers measured and the reason (docs/design.md, D52; strict, so a change
 that makes one pass shows up.
 """
 
@@ -22,12 +22,12 @@ from plexrl.sim.scenario import load_scenario
 
 SCENARIOS = ("queues-mixed", "queues-agentic")
 
-KNOWN = {  # (scenario, think_s, criterion) -> reason, as measured (docs/design-queues.md, Q12)
+KNOWN = {  # (scenario, think_s, criterion) -> reason, as measured (docs/design.md, D52)
     ("queues-mixed", 150.0, "mean"):
         "offered load 0.83, seeds 0-2 pooled: HRRS mean ready wait 6.07 s vs FCFS 5.42 s. One "
         "trajectory decides it: seed 1 HRRS 7.58 vs FCFS 5.29 s, where the two 256-prompt "
         "jobs' summed ready waits double (84/118 -> 179/184 s; a LOGPROBS of each waits 57 s); seeds 0, 2, 3, 4 "
-        "are lower under HRRS (5.44/5.52, 5.20/5.45, 5.32/5.35, 5.19/5.61 s) (Q12)",
+        "are lower under HRRS (5.44/5.52, 5.20/5.45, 5.32/5.35, 5.19/5.61 s) (D52)",
 }
 
 
@@ -71,7 +71,7 @@ def test_hrrs_worst_job_slowdown_is_within_fcfs_plus_10_percent(name, think_s):
 def test_scenario_meets_the_study_conditions(name):
     """>= 4 jobs on the pool, call lengths spanning >= 10x, >= 100 measured calls per seed,
     >= 3 seeds, >= 4 load points from light to saturated, and at every point the jobs' calls meet on the pool
-    and the two policies make different schedules, so "lower" is measurable (Q7)."""
+    and the two policies make different schedules, so "lower" is measurable (D47)."""
     s = load_scenario(name)
     workloads = next(iter(s.experiments.values())).workloads
     assert len(workloads) >= 4
