@@ -131,7 +131,6 @@ class ReplayResult:
     jobs: dict[JobId, JobRecord]
     events: int = 0              #: arrivals, finishes and rate changes handled
     plans: int = 0
-    compositions: int = 0        #: distinct pool compositions simulated so far
     timeline: Timeline | None = None
 
     def metrics(self, isolated_makespan_s: float | None = None) -> dict:
@@ -156,7 +155,7 @@ class _Running:
     since: float
     step_s: float
     pool: WorkerGroupId
-    version: int = 0
+    version: int = 0             #: bumped at each re-rating; older finish times in the heap are stale
 
 
 @dataclass
@@ -203,7 +202,6 @@ def replay(s: Scenario, jobs: Sequence, strategy: str, rates: StepRates,
         for pool in sorted(touched):
             result.events += _reprice(r, pool, now)
         _window_counters(r, now)
-    result.compositions = len(rates.memo)
     result.timeline = r.timeline
     return result
 
