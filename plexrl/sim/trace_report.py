@@ -1,6 +1,7 @@
 """The report of a trace scenario: every strategy on the trace, the load sweep, a timeline window.
 
-Owns: reading a trace scenario's jobs, simulating every pool composition the replay can meet
+Owns: reading a trace scenario's jobs, refusing a trace that cannot run (before anything is
+simulated), simulating every pool composition the replay can meet
 (in worker processes, before the replays), the JSON report (``strategies[<name>]`` =
 makespan_frac, mean_queue_delay_s, mean_jct_s, p95_slowdown, max_slowdown, each job's slowdown
 against the job alone on dedicated pools), the load sweep (the same jobs at each rho of
@@ -13,7 +14,12 @@ from concurrent.futures import ProcessPoolExecutor
 from itertools import combinations_with_replacement
 from pathlib import Path
 
-from plexrl.sim.replay import BASELINE, STRATEGIES, ReplayResult, StepRates, replay
+from plexrl.core.allocation import place_pooled
+from plexrl.core.decisions import Reject
+from plexrl.core.snapshot import CoreConfig, Snapshot
+from plexrl.errors import ConfigError
+from plexrl.sim.modes import node_cluster
+from plexrl.sim.replay import BASELINE, STRATEGIES, ReplayResult, StepRates, replay, trace_spec
 from plexrl.sim.scenario import Scenario
 from plexrl.sim.trace import TraceJob, at_load, read_csv
 from plexrl.timeline import Timeline
@@ -23,6 +29,23 @@ FIGURES = ("makespan_frac", "mean_queue_delay_s", "mean_jct_s", "p95_slowdown", 
 
 def trace_jobs(s: Scenario) -> tuple[TraceJob, ...]:
     return read_csv(Path(s.source).parent / s.trace.file, s)
+
+
+def preflight(s: Scenario, jobs: tuple[TraceJob, ...]) -> None:
+    """Refuse, before anything is simulated, a trace whose jobs could never run on its cluster."""
+    empty = Snapshot(cluster=node_cluster(s.cluster, s.trace.total_gpus), config=CoreConfig())
+    seen = set()
+    for job in jobs:
+        for layout in dict.fromkeys(STRATEGIES[name].layout for name in strategy_names(s)):
+            if (job.workload, layout) in seen:
+                continue
+            seen.add((job.workload, layout))
+            found = place_pooled(empty, trace_spec(s, job, layout, 0.0))
+            if isinstance(found, Reject):
+                raise ConfigError(found.reason.replace("{job}", job.job).split(". Fix:")[0],
+                                  file=s.source, field="trace.total_gpus", value=s.trace.total_gpus,
+                                  fix=f"give the cluster more GPUs, or drop the {job.workload} jobs "
+                                      f"({layout} layout) from {s.trace.file}")
 
 
 def compositions(s: Scenario, jobs: tuple[TraceJob, ...]) -> list[tuple[str, tuple[str, ...]]]:
@@ -66,6 +89,7 @@ def build_trace_report(s: Scenario, window: tuple[float, float] | None = None,
                        workers: int = 2) -> tuple[dict, dict[str, Timeline]]:
     """The report of a trace scenario and, with a window, each strategy's timeline of it."""
     jobs = trace_jobs(s)
+    preflight(s, jobs)
     rates = StepRates(s)
     rates.prefill(compositions(s, jobs), workers)
     names = strategy_names(s)
@@ -85,6 +109,7 @@ def build_trace_report(s: Scenario, window: tuple[float, float] | None = None,
 def build_load_sweep(s: Scenario, workers: int = 2) -> dict:
     """Every strategy at each rho of ``[trace] load_sweep``: the same jobs, arrivals rescaled."""
     jobs = trace_jobs(s)
+    preflight(s, jobs)
     rates = StepRates(s)
     rates.prefill(compositions(s, jobs), workers)
     names = strategy_names(s)

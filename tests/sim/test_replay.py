@@ -109,6 +109,7 @@ def test_cli_load_sweep_reports_every_rho(capsys):
     (["sim", TINY, "--window", "5:1", "--out", "/tmp/plexrl-w"], "not a window"),
     (["sim", TINY, "--window", "a:b", "--out", "/tmp/plexrl-w"], "not a window"),
     (["sim", TINY, "--window", "0:10"], "needs --out"),
+    (["sim", TINY, "--set", "trace.total_gpus=16"], "asks for 32 devices but the cluster has 16"),
 ])
 def test_cli_trace_bad_input_is_a_clear_error(capsys, argv, words):
     assert main(argv) == 2
