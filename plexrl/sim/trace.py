@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plexrl.errors import ConfigError
-from plexrl.sim.experiment import fixed_sizes, run_mode
+from plexrl.sim.replay import StepRates
 from plexrl.sim.scenario import Scenario
 
 #: Columns of a trace CSV, in the order ``write_csv`` writes them.
@@ -164,13 +164,8 @@ def _number(text: str, kind: type, field: str, file: str) -> int | float:
 # -- load ----------------------------------------------------------------------------------------
 def alone_step_s(s: Scenario) -> dict[str, float]:
     """Each workload's mean step time (s) run alone in split-async at its fixed sizes."""
-    out = {}
-    for name, w in s.workloads.items():
-        result = run_mode(s, "split-async", (name,), fixed_sizes(s.sizes[w.model]), s.seed,
-                          with_alone=False)
-        (job,) = result.jobs.values()
-        out[name] = job.step_s
-    return out
+    rates = StepRates(s)
+    return {name: rates.alone(name) for name in s.workloads}
 
 
 def isolated_gpu_s(job: TraceJob, alone_step_s: Mapping[str, float]) -> float:
