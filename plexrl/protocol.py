@@ -131,6 +131,14 @@ class ModelSpec:
     rollout_tp: int = 1
     optimizer: str = "adamw"     #: "adamw" (fp32 master + two moments) or "adamw-offload"
     trainable: bool = True
+    head: str = "lm"             #: "lm" (next-token logits) or "value" (one scalar per token)
+    source: str = ""             #: runtime: a built-in tiny config name or a local checkpoint dir
+    kv_cache_tokens: int | None = None  #: None: the KV cache fills the rollout group's free
+    #: memory (inference engines pre-allocate it); else tokens of KV cache per instance
+
+    def __post_init__(self):
+        if self.head not in ("lm", "value"):
+            raise ValueError(f"model {self.name}: head must be 'lm' or 'value', got {self.head!r}")
 
     @property
     def train_devices(self) -> int:

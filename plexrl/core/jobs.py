@@ -112,6 +112,8 @@ def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
         if state == State.WEIGHTS:
             return int(weights)
         if state == State.KV_CACHE:
+            if spec.kv_cache_tokens is not None:
+                return spec.kv_bytes_per_token * spec.kv_cache_tokens * instances
             return int(max(0.0, usable_bytes_per_device * wg_devices - weights))
         raise ValueError(f"rollout copy holds no {state}")
     ranks = max(1, wg_devices // spec.replica_devices)
