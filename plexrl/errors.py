@@ -4,6 +4,10 @@
     +-- ConfigError(ValueError)    a scenario, job spec or override is malformed
     +-- PlacementError(ValueError) a model fits no worker group (sizes in the message)
     +-- InvariantError(AssertionError)  a planner broke a numbered invariant (a bug)
+    +-- AuthError(PermissionError) an unknown job, or a token that is not the job's
+    +-- CallError(ValueError)      a malformed call (bad arguments, unknown role or loss)
+    +-- OrderError(ValueError)     a call whose sequence number was already used
+    +-- ServiceLost(RuntimeError)  the service actor hosting a job's state died
 
 Each error is picklable (errors cross process boundaries) and carries its context as
 attributes, so a caller can report it without parsing the message. Expected "no"
@@ -58,3 +62,35 @@ class InvariantError(PlexError, AssertionError):
     def __init__(self, violations):
         self.violations = tuple(violations)
         super().__init__("; ".join(str(v) for v in self.violations))
+
+
+class AuthError(PlexError, PermissionError):
+    """A call named an unknown job, or carried a token that is not the job's."""
+
+    def __init__(self, message: str, *, job: str = ""):
+        super().__init__(message)
+        self.job = job
+
+
+class CallError(PlexError, ValueError):
+    """A malformed call: says which call, what was wrong and how to fix it."""
+
+    def __init__(self, message: str, *, job: str = "", seq: int = -1, function: str = ""):
+        super().__init__(message)
+        self.job, self.seq, self.function = job, seq, function
+
+
+class OrderError(PlexError, ValueError):
+    """A call reused a sequence number of its job, or arrived out of the order it claims."""
+
+    def __init__(self, message: str, *, job: str = "", seq: int = -1):
+        super().__init__(message)
+        self.job, self.seq = job, seq
+
+
+class ServiceLost(PlexError, RuntimeError):
+    """The service actor of a worker group died; its jobs' calls cannot run."""
+
+    def __init__(self, message: str, *, wg: str = "", job: str = "", last_version: int = -1):
+        super().__init__(message)
+        self.wg, self.job, self.last_version = wg, job, last_version

@@ -135,6 +135,7 @@ class ModelSpec:
     source: str = ""             #: runtime: a built-in tiny config name or a local checkpoint dir
     kv_cache_tokens: int | None = None  #: None: the KV cache fills the rollout group's free
     #: memory (inference engines pre-allocate it); else tokens of KV cache per instance
+    vocab_size: int = 0          #: sizes the logits in a call's activation estimate
 
     def __post_init__(self):
         if self.head not in ("lm", "value"):
@@ -150,7 +151,60 @@ class ModelSpec:
         """Devices of one model replica of the trainer (one data-parallel rank)."""
         return self.tp * self.pp
 
+    def activation_bytes(self, num_tokens: int, training: bool = False) -> int:
+        """A rough device workspace for ``num_tokens`` tokens in flight: fp32 logits plus a
+        few hidden-sized buffers per layer; training keeps them for backward (x3)."""
+        per_token = 4 * (self.vocab_size + 8 * self.num_layers * self.kv_heads * self.head_dim)
+        return num_tokens * per_token * (3 if training else 1)
+
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token of context, whole model (K and V, all layers)."""
         return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+# -- wire messages between a job's client and a runtime (docs/design.md, "The client") --------
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job's registration: its models, by role, and how it samples."""
+
+    job: JobId
+    models: tuple[tuple[Role, ModelSpec], ...]
+    staleness: int = 0           #: GENERATE of step k samples weight version max(0, k - staleness)
+    seed: int = 0                #: seeds the job's weights and its sampling generator
+    priority: int = 0            #: higher is admitted first
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What registration hands back: the job's id and its secret token."""
+
+    job: JobId
+    token: str                   #: proves the caller owns the job; checked where state is touched
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """One call of a job, as its client sends it. ``payload`` (the bulk arguments) travels by
+    reference: a transport never hands it to the controller, only to the service."""
+
+    job: JobId
+    token: str
+    seq: int                     #: the job's call order, from 0; runtimes run calls in this order
+    function: Function
+    role: Role
+    step: int = 0                #: the job's training step
+    version: int = 0             #: GENERATE: version to sample from; SYNC_WEIGHTS: to install
+    options: tuple[tuple[str, object], ...] = ()  #: scalar arguments (temperature, loss, lr...)
+    num_sequences: int = 0       #: sequences in the payload (sizes the call's workspace)
+    seq_len: int = 0             #: longest input sequence, tokens
+    max_tokens: int = 0          #: GENERATE: new tokens per sequence at most
+    payload: object = None       #: the bulk arguments (token ids, batches): opaque here
+
+    @property
+    def copy(self) -> Copy:
+        return COPY_OF[self.function]
+
+    def option(self, name: str, default: object = None) -> object:
+        return dict(self.options).get(name, default)

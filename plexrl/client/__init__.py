@@ -1,9 +1,14 @@
-"""What a job imports (not yet written).
+"""What a job imports: ``connect()``, then a job's verbs, each returning a future.
 
-Will own: a few verbs (generate, logprobs, forward_backward, optim_step, sync_weights, ...)
-that return futures, in order, each with an ``_async`` twin, over an injectable
-``Transport`` (Ray in production, the simulator, or a mock built from a plain function in
-tests) found through a registry. Imports only the vocabulary (``plexrl.protocol``,
-``plexrl.config``, ``plexrl.errors``) and the standard library: never the runtime, the
-simulator, ray or torch.
+Owns: ``connect`` / ``Runtime`` / ``JobClient`` (``job.py``), the ``Transport`` protocol and the
+registry that finds a runtime by address scheme (``transport.py``), and a mock transport
+built from a plain function for tests (``mock.py``). Imports only the vocabulary
+(``plexrl.protocol``, ``plexrl.config``, ``plexrl.errors``) and the standard library: never
+the runtime, the simulator, ray or torch.
 """
+
+from plexrl.client.job import JobClient, Runtime, connect
+from plexrl.client.transport import Transport, open_transport, register_transport
+
+__all__ = ["JobClient", "Runtime", "Transport", "connect", "open_transport",
+           "register_transport"]

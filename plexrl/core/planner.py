@@ -22,7 +22,7 @@ from plexrl.core.queues import Candidate, queue_by_name
 from plexrl.core.snapshot import ALWAYS, CallView, Snapshot
 from plexrl.core.transitions import is_resident, make_resident, needed_keys, switch_in_s
 from plexrl.core.usage import device_free
-from plexrl.protocol import Function, State, StateKey, WorkerGroupId
+from plexrl.protocol import Copy, Function, State, StateKey, WorkerGroupId
 
 
 def plan(snap: Snapshot, now: float) -> list[Decision]:
@@ -62,8 +62,11 @@ def _version_ready(snap: Snapshot, call: CallView) -> bool:
 
 
 def _version_newer(snap: Snapshot, call: CallView) -> bool:
+    """A sync installs a version newer than the rollout copy's, once the trainer has it."""
     key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
-    return call.version > snap.states[key].version
+    trainer = snap.states.get(StateKey(call.job, call.role, Copy.TRAINER, State.WEIGHTS))
+    return call.version > snap.states[key].version and (trainer is None
+                                                        or trainer.version >= call.version)
 
 
 def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]:

@@ -145,8 +145,9 @@ def dispatch_with_foreign_state() -> Case:
 def _rollout_at_version(version: int, sync_to: int):
     clus = cluster({"g0": (1, ("n0",)), "g1": (1, ("n0",))}, {"n0": 1e9})
     snap = admitted(clus, rl_job("a", 50, "g0", "g1"))
-    rollout_w = key("a", W, Copy.ROLLOUT)
-    snap = with_tiers(snap, {rollout_w: Tier.DEVICE}, versions={rollout_w: version})
+    rollout_w, trainer_w = key("a", W, Copy.ROLLOUT), key("a", W, Copy.TRAINER)
+    snap = with_tiers(snap, {rollout_w: Tier.DEVICE},
+                      versions={rollout_w: version, trainer_w: max(version, sync_to)})
     return queue(snap, 1, "a", 0, Function.SYNC_WEIGHTS, version=sync_to)
 
 

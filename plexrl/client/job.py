@@ -1,0 +1,163 @@
+"""The verbs a job calls: ``Runtime.register_job`` and the ``JobClient`` it returns.
+
+Owns: turning a verb into a ``CallRequest`` with the job's next sequence number (assigned
+under a lock, so calls issued from many threads still have one order), the weight version a
+GENERATE samples (max(0, step - staleness)) and the version a SYNC_WEIGHTS installs (the
+number of OPTIM_STEPs issued before it), and the ``_async`` twin of every verb. Each verb
+returns a ``concurrent.futures.Future`` at once; the runtime runs the job's calls in
+sequence-number order whatever order they reach it in.
+Must not know: how the transport carries a request, numpy, torch, Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+
+from plexrl.client.transport import Transport, open_transport
+from plexrl.errors import ConfigError
+from plexrl.protocol import (CallRequest, Function, JobId, JobRequest, ModelSpec, Role, Ticket)
+
+
+class Runtime:
+    """A connection to a runtime; register jobs on it."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+
+    def register_job(self, job: str, models: dict[str | Role, ModelSpec], *, staleness: int = 0,
+                     seed: int = 0, priority: int = 0) -> "JobClient":
+        """Register a job and wait until it is placed; a model that fits no worker group
+        raises ``PlacementError`` with the sizes."""
+        if staleness not in (0, 1):
+            raise ConfigError("staleness must be 0 or 1", field="staleness", value=staleness,
+                              fix="0: on-policy; 1: one step off-policy")
+        request = JobRequest(JobId(job), tuple((Role(r), s) for r, s in models.items()),
+                             staleness=staleness, seed=seed, priority=priority)
+        ticket = self.transport.register(request).result()
+        return JobClient(self.transport, ticket, request)
+
+    def inspect(self, what: str):
+        """Read-only runtime records by name ("calls", "transitions", "status")."""
+        return self.transport.inspect(what).result()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(address: str | None = None, **options) -> Runtime:
+    """Connect to a runtime: the embedded local one by default, else ``address``."""
+    return Runtime(open_transport(address, **options))
+
+
+class JobClient:
+    """One job's verbs. Each returns a Future; ``<verb>_async`` returns an awaitable."""
+
+    def __init__(self, transport: Transport, ticket: Ticket, request: JobRequest):
+        self.transport, self.ticket, self.request = transport, ticket, request
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._optim_steps: dict[Role, int] = {}
+
+    @property
+    def job(self) -> JobId:
+        return self.ticket.job
+
+    # -- verbs ----------------------------------------------------------------------------
+    def generate(self, prompts, *, step: int, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, stop: tuple[int, ...] = (), role: Role = Role.POLICY) -> Future:
+        """Sample completions of ``prompts`` (lists of token ids) with the weights of version
+        max(0, step - staleness); the result has tokens, lengths, logprobs and version."""
+        return self._call(Function.GENERATE, role, {"prompts": prompts}, step=step,
+                          version=max(0, step - self.request.staleness), max_tokens=max_tokens,
+                          options={"temperature": temperature, "top_p": top_p,
+                                   "stop": tuple(stop)},
+                          num_sequences=len(prompts), seq_len=max(map(len, prompts), default=0))
+
+    def logprobs(self, batch: dict, *, role: Role = Role.POLICY, temperature: float = 1.0,
+                 step: int = 0) -> Future:
+        """Per-token log-probabilities of ``batch["input_ids"]`` (values, for a value head)."""
+        return self._call(Function.LOGPROBS, role, batch, step=step,
+                          options={"temperature": temperature}, **_sizes(batch))
+
+    def forward_backward(self, batch: dict, *, loss: str, role: Role = Role.POLICY,
+                         step: int = 0, **loss_args) -> Future:
+        """Run loss ``loss`` (by name) on ``batch`` and accumulate its gradients."""
+        return self._call(Function.FORWARD_BACKWARD, role, batch, step=step,
+                          options={"loss": loss, **loss_args}, **_sizes(batch))
+
+    def optim_step(self, *, lr: float, role: Role = Role.POLICY, step: int = 0,
+                   **hyper) -> Future:
+        """Apply the accumulated gradients (AdamW) and zero them: a new weight version."""
+        with self._lock:
+            self._optim_steps[role] = self._optim_steps.get(role, 0) + 1
+            return self._call(Function.OPTIM_STEP, role, None, step=step,
+                              options={"lr": lr, **hyper}, locked=True)
+
+    def sync_weights(self, *, role: Role = Role.POLICY, step: int = 0) -> Future:
+        """Install the trainer's weights (as of the OPTIM_STEPs issued so far) in the rollout
+        copy; the result is the version installed."""
+        with self._lock:
+            version = self._optim_steps.get(role, 0)
+            return self._call(Function.SYNC_WEIGHTS, role, None, step=step, version=version,
+                              locked=True)
+
+    def save(self, path: str, *, role: Role = Role.POLICY) -> Future:
+        """Write the trainer copy's weights, optimizer state and sampling generator to ``path``."""
+        return self._call(Function.SAVE, role, None, options={"path": str(path)})
+
+    def load(self, path: str, *, role: Role = Role.POLICY) -> Future:
+        """Read what ``save`` wrote back into the trainer copy."""
+        return self._call(Function.LOAD, role, None, options={"path": str(path)})
+
+    def end(self) -> None:
+        """Release the job's states and bindings."""
+        self.transport.end(self.ticket).result()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _call(self, function: Function, role: Role, payload, *, options: dict | None = None,
+              locked: bool = False, **fields) -> Future:
+        if not locked:
+            with self._lock:
+                return self._call(function, role, payload, options=options, locked=True,
+                                  **fields)
+        request = CallRequest(self.job, self.ticket.token, self._seq, function, Role(role),
+                              options=tuple(sorted((options or {}).items())), payload=payload,
+                              **fields)
+        self._seq += 1
+        return self.transport.submit(request)
+
+
+def _twin(verb: str):
+    """``<verb>_async``: issues the call at once (so it takes its sequence number now) and
+    returns an awaitable of its result."""
+    def issue(self: JobClient, *args, **kwargs):
+        future = getattr(self, verb)(*args, **kwargs)
+
+        async def result():
+            return await asyncio.wrap_future(future)
+        return result()
+    issue.__name__ = issue.__qualname__ = f"{verb}_async"
+    issue.__doc__ = f"The awaitable twin of ``{verb}``."
+    return issue
+
+
+for _verb in ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights", "save",
+              "load"):
+    setattr(JobClient, f"{_verb}_async", _twin(_verb))
+
+
+def _sizes(batch: dict) -> dict[str, int]:
+    """Sequences and their length in a batch of arrays or lists (no numpy needed)."""
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    if ids is None:
+        return {}
+    shape = getattr(ids, "shape", None) or (len(ids), max(map(len, ids), default=0))
+    return {"num_sequences": int(shape[0]), "seq_len": int(shape[1]) if len(shape) > 1 else 0}
