@@ -66,6 +66,19 @@ def _map(path: Path, num_bytes: int) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=num_bytes, dtype=torch.uint8)
 
 
+def _create(path: Path, num_bytes: int) -> torch.Tensor:
+    """A new file of ``num_bytes``, its tmpfs pages allocated up front (fallocate, about
+    twice as fast as faulting them in), mapped and touched once through the mapping."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, num_bytes)
+    finally:
+        os.close(fd)
+    tensor = _map(path, num_bytes)
+    tensor.zero_()
+    return tensor
+
+
 def _pin(buf: HostBuffer, on: bool) -> None:
     """Page-lock (or unlock) a buffer in place when CUDA is present; a no-op otherwise."""
     if not torch.cuda.is_available() or buf.num_bytes == 0:
@@ -118,8 +131,7 @@ class HostStore:
             self._live[buf.path] = buf
         if buf.tensor.numel() != num_bytes:   # new: create, map and touch it, unlocked
             try:
-                buf.tensor = _map(buf.path, num_bytes)
-                buf.tensor.zero_()
+                buf.tensor = _create(buf.path, num_bytes)
                 if self._pin:
                     _pin(buf, True)
             except BaseException:
