@@ -130,8 +130,10 @@ class Engine:
         logits = self._forward(params, input_ids, mask, _positions(mask)).logits
         scaled = logits[:, :-1] / (temperature or 1.0)
         picked = scaled.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-        return out * mask
+        # a token counts only when it and the one before it are attended: the first token
+        # of a row (left-padded or not) has no context and gets 0
+        return torch.cat([torch.zeros_like(picked[:, :1]), picked * mask[:, 1:] * mask[:, :-1]],
+                         dim=1)
 
     def _inputs(self, input_ids, attention_mask):
         ids = _tensor(input_ids, torch.long)
@@ -144,7 +146,8 @@ class Engine:
     def logprobs(self, weights, input_ids, attention_mask=None, *, temperature=1.0):
         """log p(token t | tokens < t) under softmax(logits / temperature), shape (B, T).
 
-        Column 0 and masked positions are 0. Temperature 0 means 1 (as in ``generate``).
+        Column 0, a row's first attended token and masked positions are 0. Temperature 0
+        means 1 (as in ``generate``).
         """
         self._need_head("lm", "logprobs")
         ids, mask = self._inputs(input_ids, attention_mask)

@@ -270,7 +270,8 @@ def test_left_padding_changes_nothing(engine, weights):
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
     padded = engine.logprobs(weights, ids, mask)
     for row, prompt in enumerate(PROMPTS):
-        assert np.abs(padded[row, width - len(prompt):] - alone[row]).max() <= 1e-5
+        assert np.allclose(padded[row, width - len(prompt):], alone[row], rtol=0, atol=1e-5)
+        assert padded[row, width - len(prompt)] == 0.0  # no context: no logprob
     batched = engine.generate(weights, PROMPTS, max_tokens=8, temperature=0.0,
                               generator=_gen(0))
     for row, prompt in enumerate(PROMPTS):
