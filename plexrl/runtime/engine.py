@@ -10,8 +10,9 @@ call. Does not set torch's thread count (the service does).
 How it departs from a textbook training loop:
 
 - The module holds no weights. Its parameters are meta tensors; each call binds views into
-  the flat ``weights`` buffer with ``torch.func.functional_call`` and drops them on return,
-  so moving a buffer between calls cannot leave a stale copy behind.
+  the flat ``weights`` buffer in their place and puts the meta tensors back on return, so
+  moving a buffer between calls cannot leave a stale copy behind (and one Engine runs one
+  call at a time).
 - Gradients are taken with ``torch.autograd.grad`` on leaf views of ``weights`` and added
   into the flat ``grads`` buffer: a call accumulates, OPTIM_STEP zeroes.
 - AdamW runs on the flat buffers with the arithmetic of ``torch.optim.AdamW``'s single-tensor
@@ -24,6 +25,7 @@ How it departs from a textbook training loop:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,16 +64,30 @@ def _flatten(module: torch.nn.Module, layout: tuple[Slot, ...]) -> torch.Tensor:
     return torch.cat([params[s.name].detach().reshape(-1) for s in layout]).float()
 
 
-def _strip_weights(module: torch.nn.Module) -> None:
-    """Replace every parameter by a meta tensor of its shape, keeping ties (memory freed)."""
-    meta: dict[int, torch.nn.Parameter] = {}
+@dataclass(frozen=True)
+class _Binding:
+    """One parameter attribute of the module: where it sits and which Slot fills it."""
+
+    owner: torch.nn.Module
+    leaf: str
+    slot: str                    #: a tied attribute names the Slot of its first occurrence
+    meta: torch.nn.Parameter     #: what it holds between calls
+
+
+def _strip_weights(module: torch.nn.Module) -> tuple[_Binding, ...]:
+    """Replace every parameter by a meta tensor of its shape (memory freed), ties kept."""
+    first: dict[int, tuple[str, torch.nn.Parameter]] = {}
+    bindings = []
     for name, param in list(module.named_parameters(remove_duplicate=False)):
+        if id(param) not in first:
+            first[id(param)] = (name, torch.nn.Parameter(torch.empty(param.shape,
+                                                                     device="meta"),
+                                                         requires_grad=False))
+        slot, meta = first[id(param)]
         owner_name, _, leaf = name.rpartition(".")
-        owner = module.get_submodule(owner_name)
-        if id(param) not in meta:
-            meta[id(param)] = torch.nn.Parameter(torch.empty(param.shape, device="meta"),
-                                                 requires_grad=False)
-        owner._parameters[leaf] = meta[id(param)]
+        bindings.append(_Binding(module.get_submodule(owner_name), leaf, slot, meta))
+        bindings[-1].owner._parameters[leaf] = meta
+    return tuple(bindings)
 
 
 def _check_flat(buffer: torch.Tensor, numel: int, what: str) -> None:
@@ -104,7 +120,7 @@ class Engine:
         self._config = module.config
         pad = self._config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
-        _strip_weights(module)
+        self._bindings = _strip_weights(module)
         self._module = module
 
     # --- buffers ---------------------------------------------------------------------------
@@ -113,21 +129,29 @@ class Engine:
         """A flat fp32 copy of the seeded init (rebuilt from the seed; nothing is kept)."""
         return _flatten(build_module(self.spec, self.seed), self._layout)
 
-    def _bind(self, weights: torch.Tensor, grad: bool = False) -> dict[str, torch.Tensor]:
+    @contextmanager
+    def _bound(self, weights: torch.Tensor, grad: bool = False):
+        """Bind views of ``weights`` as the module's parameters for one call; yields them
+        by Slot name (leaves that require grad when ``grad``). Unbinds on the way out."""
         _check_flat(weights, self.numel, "weights")
         views = {s.name: weights[s.offset:s.offset + s.numel].view(s.shape)
                  for s in self._layout}
         if grad:
             views = {n: v.detach().requires_grad_(True) for n, v in views.items()}
-        return views
+        try:
+            for b in self._bindings:
+                b.owner._parameters[b.leaf] = views[b.slot]
+            yield views
+        finally:
+            for b in self._bindings:
+                b.owner._parameters[b.leaf] = b.meta
 
-    def _forward(self, params, input_ids, mask, positions, past=None):
-        kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                      past_key_values=past, use_cache=past is not None)
-        return torch.func.functional_call(self._module, params, (), kwargs, strict=False)
+    def _forward(self, input_ids, mask, positions, past=None):
+        return self._module(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                            past_key_values=past, use_cache=past is not None)
 
-    def _token_logprobs(self, params, input_ids, mask, temperature: float) -> torch.Tensor:
-        logits = self._forward(params, input_ids, mask, _positions(mask)).logits
+    def _token_logprobs(self, input_ids, mask, temperature: float) -> torch.Tensor:
+        logits = self._forward(input_ids, mask, _positions(mask)).logits
         scaled = logits[:, :-1] / (temperature or 1.0)
         picked = scaled.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         # a token counts only when it and the one before it are attended: the first token
@@ -151,15 +175,15 @@ class Engine:
         """
         self._need_head("lm", "logprobs")
         ids, mask = self._inputs(input_ids, attention_mask)
-        with torch.no_grad():
-            return self._token_logprobs(self._bind(weights), ids, mask, temperature).numpy()
+        with torch.no_grad(), self._bound(weights):
+            return self._token_logprobs(ids, mask, temperature).numpy()
 
     def values(self, weights, input_ids, attention_mask=None) -> np.ndarray:
         """The value head's scalar at every position, shape (B, T); masked positions 0."""
         self._need_head("value", "values")
         ids, mask = self._inputs(input_ids, attention_mask)
-        with torch.no_grad():
-            out = self._forward(self._bind(weights), ids, mask, _positions(mask))
+        with torch.no_grad(), self._bound(weights):
+            out = self._forward(ids, mask, _positions(mask))
             return (out.logits.squeeze(-1) * mask).numpy()
 
     def generate(self, weights, prompts, *, max_tokens, temperature=1.0, top_p=1.0,
@@ -174,9 +198,9 @@ class Engine:
         self._need_head("lm", "generate")
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
-        with torch.no_grad():
-            return _Sampler(self, self._bind(weights), temperature, top_p, stop,
-                            generator).run(prompts, max_tokens)
+        sampler = _Sampler(self, temperature, top_p, stop, generator)
+        with torch.no_grad(), self._bound(weights):
+            return sampler.run(prompts, max_tokens)
 
     def forward_backward(self, weights, grads, batch, loss: str, **loss_args):
         """Add d(loss)/d(weights) into ``grads``; returns the loss and its metrics.
@@ -192,15 +216,15 @@ class Engine:
         temperature = loss_args.pop("temperature", 1.0)
         tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in batch.items()}
         ids, mask = self._inputs(tensors["input_ids"], tensors.get("attention_mask"))
-        params = self._bind(weights, grad=True)
-        if loss_fn.head == "lm":
-            outputs = self._token_logprobs(params, ids, mask, temperature)
-        else:
-            outputs = self._forward(params, ids, mask, _positions(mask)).logits.squeeze(-1)
-        result = loss_fn(outputs, tensors, **loss_args)
-        leaves = [params[s.name] for s in self._layout]
-        for slot, g in zip(self._layout, torch.autograd.grad(result.loss, leaves,
-                                                             allow_unused=True)):
+        with self._bound(weights, grad=True) as params:
+            if loss_fn.head == "lm":
+                outputs = self._token_logprobs(ids, mask, temperature)
+            else:
+                outputs = self._forward(ids, mask, _positions(mask)).logits.squeeze(-1)
+            result = loss_fn(outputs, tensors, **loss_args)
+            leaves = [params[s.name] for s in self._layout]
+            grads_of = torch.autograd.grad(result.loss, leaves, allow_unused=True)
+        for slot, g in zip(self._layout, grads_of):
             if g is not None:
                 grads[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
         return {"loss": float(result.loss.detach()), **result.metrics}
@@ -271,11 +295,11 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, step_t, *, lr, beta1, beta2, eps, w
 class _Sampler:
     """One GENERATE call: prefill the left-padded prompts, then sample token by token."""
 
-    def __init__(self, engine: Engine, params, temperature, top_p, stop, generator):
+    def __init__(self, engine: Engine, temperature, top_p, stop, generator):
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got "
                              f"{temperature}, {top_p}")
-        self.engine, self.params, self.generator = engine, params, generator
+        self.engine, self.generator = engine, generator
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.stop = torch.tensor(sorted(set(int(s) for s in stop)), dtype=torch.long)
 
@@ -292,7 +316,8 @@ class _Sampler:
         done = torch.zeros(rows, dtype=torch.bool)
         stopped = torch.zeros(rows, dtype=torch.bool)
         positions = _positions(mask)
-        out = self.engine._forward(self.params, ids, mask, positions, past=DynamicCache(config=self.engine._config))
+        cache = DynamicCache(config=self.engine._config)
+        out = self.engine._forward(ids, mask, positions, past=cache)
         for step in range(max_tokens):
             token, logprob = self._sample(out.logits[:, -1])
             active = ~done
@@ -305,7 +330,7 @@ class _Sampler:
                 break
             mask = torch.cat([mask, active.long()[:, None]], dim=1)
             positions = positions[:, -1:] + 1
-            out = self.engine._forward(self.params, tokens[:, step:step + 1], mask, positions,
+            out = self.engine._forward(tokens[:, step:step + 1], mask, positions,
                                        past=out.past_key_values)
         return {"tokens": tokens.numpy(), "lengths": lengths.numpy(),
                 "logprobs": logprobs.numpy(), "stopped": stopped.numpy()}

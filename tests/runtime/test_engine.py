@@ -214,6 +214,9 @@ def test_value_head_shapes_and_loss(critic):
 def test_bad_loss_name_and_unknown_source_are_config_errors(engine, weights):
     with pytest.raises(ConfigError, match="cross_entropy.*grpo.*value"):
         engine.forward_backward(weights, torch.zeros(engine.numel), _sft_batch(), "ppo2")
+    with pytest.raises(ConfigError, match="advantages"):  # raised with the weights bound
+        engine.forward_backward(weights, torch.zeros(engine.numel), _sft_batch(), "grpo")
+    assert all(p.device.type == "meta" for p in engine._module.parameters())
     with pytest.raises(ConfigError, match="tiny-qwen2"):
         hf_config("gpt-17")
     with pytest.raises(ConfigError, match="tiny-llama"):
