@@ -8,7 +8,10 @@ Measures, with ``torch.set_num_threads(--threads)`` (default 1):
   plain loop (``functional`` logprobs, the same loss, ``loss.backward()``,
   ``torch.optim.AdamW``) on the same module.
 
-Each figure is the median of ``--repeats`` timed runs after one warm-up. Prints JSON.
+Each figure is the median of ``--repeats`` runs after one warm-up, timed in CPU seconds of
+the calling thread (``time.thread_time``: with one torch thread, all of the work, and less
+disturbed by other processes on a shared machine), ours and the baseline alternately.
+Prints JSON.
 """
 
 import argparse, json, os, statistics, time  # noqa: E401
@@ -23,14 +26,16 @@ from plexrl.runtime.engine import Engine  # noqa: E402
 from plexrl.runtime.models import build_module, model_spec  # noqa: E402
 
 
-def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
+def _paired_s(ours, baseline, repeats: int) -> tuple[float, float]:
+    """Median CPU seconds of the calling thread for each, the two timed alternately."""
+    ours(), baseline()
+    times: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, out in ((ours, times[0]), (baseline, times[1])):
+            t0 = time.thread_time()
+            fn()
+            out.append(time.thread_time() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _batch(rows, prompt_len, new_tokens, vocab, seed=0):
@@ -50,7 +55,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     spec = model_spec("bench", args.source)
@@ -93,9 +98,8 @@ def main() -> None:
         adamw.step()
         adamw.zero_grad()
 
-    gen_s, hf_gen_s = _median_s(ours_generate, args.repeats), _median_s(hf_generate,
-                                                                        args.repeats)
-    step_s, plain_s = _median_s(ours_step, args.repeats), _median_s(plain_step, args.repeats)
+    gen_s, hf_gen_s = _paired_s(ours_generate, hf_generate, args.repeats)
+    step_s, plain_s = _paired_s(ours_step, plain_step, args.repeats)
     print(json.dumps({
         "source": args.source, "params": engine.numel, "threads": args.threads,
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
