@@ -281,3 +281,20 @@ def test_left_padding_changes_nothing(engine, weights):
         single = engine.generate(weights, [prompt], max_tokens=8, temperature=0.0,
                                  generator=_gen(0))
         assert np.array_equal(single["tokens"][0], batched["tokens"][row])
+
+
+def test_a_local_checkpoint_loads_its_weights(tmp_path, engine, weights):
+    build_module(engine.spec, 0).save_pretrained(tmp_path)
+    policy = Engine(model_spec("ckpt", str(tmp_path)), seed=9)  # the seed draws nothing
+    assert torch.equal(policy.initial_weights(), weights)
+    critic = Engine(model_spec("ckpt-critic", str(tmp_path), head="value"), seed=9)
+    body = {s.name: s for s in critic._layout if s.name.startswith("model.")}
+    loaded = critic.initial_weights()
+    for slot in engine._layout:
+        if slot.name in body:
+            mine = body[slot.name]
+            assert torch.equal(loaded[mine.offset:mine.offset + mine.numel],
+                               weights[slot.offset:slot.offset + slot.numel])
+    assert len(body) == len(engine._layout) - 1  # all but lm_head
+    with pytest.raises(ConfigError, match="resized"):
+        hf_config(str(tmp_path), vocab_size=128)
