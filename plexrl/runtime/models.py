@@ -1,0 +1,130 @@
+"""Model sources for the runtime: built-in tiny Hugging Face configs and local checkpoints.
+
+Owns: the names of the built-in configs (tiny models built from code, never downloaded),
+turning a ``ModelSpec.source`` into a Hugging Face config and a seeded torch module, and
+deriving a ModelSpec's sizes from that config. Must not know where weights live between
+calls (the state manager owns the buffers; ``engine.Engine`` binds them) nor anything about
+scheduling.
+
+A source is either a built-in name (``BUILTIN_CONFIGS``) or a local directory holding a
+Hugging Face checkpoint (``config.json`` + weights); nothing is ever fetched from a hub.
+Modules are fp32 and in eval mode (no dropout: a training step is as deterministic as a
+sampling step). The value head is ``AutoModelForTokenClassification`` with one label: the
+same body as the language model, and a ``score`` Linear (hidden -> 1, with bias) in place of
+``lm_head``, so a real checkpoint's body loads under it unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification,
+                          LlamaConfig, PretrainedConfig, Qwen2Config)
+
+from plexrl.errors import ConfigError
+from plexrl.protocol import ModelSpec
+
+#: attention kernel of every module built here (see docs/design-engine.md, E2)
+ATTN_IMPLEMENTATION = "eager"
+
+_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=64, max_position_embeddings=256,
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+#: built-in configs by name: (config class, its keyword arguments)
+BUILTIN_CONFIGS: dict[str, tuple[type[PretrainedConfig], dict]] = {
+    "tiny-qwen2": (Qwen2Config, _TINY),                   # 82,496 parameters
+    "tiny-llama": (LlamaConfig, _TINY),                   # 82,240 parameters
+    "small-qwen2": (Qwen2Config, {**_TINY, "hidden_size": 256, "num_hidden_layers": 8,
+                                  "num_attention_heads": 8, "num_key_value_heads": 4,
+                                  "intermediate_size": 1024, "vocab_size": 4096,
+                                  "max_position_embeddings": 1024}),  # 9,969,920 parameters
+}
+
+
+def hf_config(source: str, vocab_size: int | None = None) -> PretrainedConfig:
+    """The Hugging Face config of ``source``: a built-in name or a local checkpoint directory.
+
+    ``vocab_size`` resizes a built-in config's vocabulary; a checkpoint's vocabulary is that
+    of its weights, so asking for another one is a ConfigError.
+    """
+    if source in BUILTIN_CONFIGS:
+        cls, kwargs = BUILTIN_CONFIGS[source]
+        config = cls(**kwargs)
+        if vocab_size is not None:
+            config.vocab_size = int(vocab_size)
+        return config
+    if source and os.path.isdir(source):
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        if vocab_size is not None and vocab_size != config.vocab_size:
+            raise ConfigError("a checkpoint's vocabulary cannot be resized", field="vocab_size",
+                              value=vocab_size, fix=f"use {config.vocab_size} or omit it")
+        return config
+    raise ConfigError("unknown model source", field="source", value=source,
+                      fix=f"use one of {sorted(BUILTIN_CONFIGS)} or a local checkpoint directory")
+
+
+def _head_class(head: str):
+    return AutoModelForCausalLM if head == "lm" else AutoModelForTokenClassification
+
+
+def _head_config(config: PretrainedConfig, head: str) -> PretrainedConfig:
+    if head == "value":
+        config.num_labels = 1
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    return config
+
+
+def build_module(spec: ModelSpec, seed: int) -> torch.nn.Module:
+    """The torch module of ``spec`` (fp32, eval mode), its random init drawn from ``seed``.
+
+    A built-in source is initialised from the seed alone; a checkpoint directory loads its
+    weights, and only parts it lacks (a value head's ``score``) are drawn from the seed. The
+    global RNG is forked, so building a module neither reads nor advances the caller's RNG.
+    """
+    cls = _head_class(spec.head)
+    config = _head_config(hf_config(spec.source), spec.head)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if spec.source in BUILTIN_CONFIGS:
+            module = cls.from_config(config, attn_implementation=ATTN_IMPLEMENTATION,
+                                     dtype=torch.float32)
+        else:
+            module = cls.from_pretrained(spec.source, config=config, local_files_only=True,
+                                         attn_implementation=ATTN_IMPLEMENTATION,
+                                         dtype=torch.float32)
+    return module.float().eval()
+
+
+def _count_params(config: PretrainedConfig, head: str) -> tuple[int, int]:
+    """(total, active) parameters of the module, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        module = _head_class(head).from_config(_head_config(config, head))
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    total = active = 0
+    for name, param in module.named_parameters():
+        total += param.numel()
+        routed = experts and top_k and ".experts." in name
+        active += param.numel() * top_k / experts if routed else param.numel()
+    return total, int(active)
+
+
+def model_spec(name: str, source: str, head: str = "lm", **kw) -> ModelSpec:
+    """A ModelSpec whose sizes are those of ``source``'s config, stored as fp32.
+
+    ``kv_cache_tokens`` is 0: the runtime reserves KV cache per GENERATE call
+    (``Engine.kv_bytes``), not as a standing State. ``kw`` sets any other ModelSpec field.
+    """
+    config = hf_config(source)
+    total, active = _count_params(config, head)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    spec = ModelSpec(name=name, total_params=float(total), active_params=float(active),
+                     num_layers=config.num_hidden_layers,
+                     kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                     head_dim=head_dim, dtype_bytes=4, head=head, source=source,
+                     kv_cache_tokens=0)
+    return replace(spec, **kw) if kw else spec
