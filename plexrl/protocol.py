@@ -85,7 +85,7 @@ NEEDS: dict[Function, tuple[State, ...]] = {
     Function.FORWARD_BACKWARD: _TRAIN_STATES,
     Function.OPTIM_STEP: _TRAIN_STATES,
     Function.SAVE: (State.WEIGHTS,),
-    Function.LOAD: (State.WEIGHTS,),
+    Function.LOAD: _TRAIN_STATES,     # restores weights and optimizer state in place
 }
 
 #: The States each copy of a trained model holds; a frozen model (reference, reward)

@@ -6,8 +6,8 @@ of one copy on a worker group of a given size. Must not know: tiers, time, or po
 
 Byte model (Megatron distributed optimizer, bf16 weights, fp32 grads; see docs/design.md):
 trainer WEIGHTS = dtype x params per data-parallel rank, GRADS = 4 x params per rank,
-OPTIMIZER = 12 x params sharded across ranks (fp32 master + two moments; 8 x params for fp32
-weights, which are their own master); the rollout copy
+OPTIMIZER = 12 x params sharded across ranks (fp32 master + two moments; for fp32
+weights, their own master, 8 x params and a step count); the rollout copy
 holds dtype x params per instance of ``rollout_tp`` devices, and its KV cache takes the
 rest of the usable memory, as inference engines pre-allocate it.
 """
@@ -123,9 +123,9 @@ def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
     if state == State.GRADS:
         return int(GRAD_BYTES_PER_PARAM * params * ranks)
     if state == State.OPTIMIZER:
-        # fp32 weights are their own master copy: two moments only
-        per_param = OPTIMIZER_BYTES_PER_PARAM if spec.dtype_bytes < 4 else 2 * 4
-        return int(per_param * params)
+        if spec.dtype_bytes >= 4:   # fp32 weights are their own master: two moments, a step
+            return int(2 * 4 * params) + 4
+        return int(OPTIMIZER_BYTES_PER_PARAM * params)
     raise ValueError(f"trainer copy holds no {state}")
 
 

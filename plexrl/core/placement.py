@@ -140,11 +140,18 @@ def _shortfalls(snap: Snapshot, decl: ModelDecl, copy: Copy, wg: WorkerGroupId) 
     parked, host = _parked_bytes(snap, decl, copy, wg), host_capacity(snap, wg)
     out = []
     if need > budget:
-        out.append(f"needs {need / GiB:.1f} GiB of device memory but has {budget / GiB:.1f} GiB")
+        out.append(f"needs {_size(need)} of device memory but has {_size(budget)}")
     if parked > host:
-        out.append(f"needs {parked / GiB:.1f} GiB of host memory to move its States "
-                   f"but has {host / GiB:.1f} GiB")
+        out.append(f"needs {_size(parked)} of host memory to move its States "
+                   f"but has {_size(host)}")
     return out
+
+
+def _size(num_bytes: float) -> str:
+    """GiB with one decimal; a size under 0.1 GiB (tiny test models) in MiB and bytes."""
+    if num_bytes >= 0.1 * GiB:
+        return f"{num_bytes / GiB:.1f} GiB"
+    return f"{num_bytes / 2**20:.2f} MiB ({int(num_bytes)} bytes)"
 
 
 @dataclass(frozen=True)

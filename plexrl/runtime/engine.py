@@ -103,8 +103,12 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(array)).to(dtype)
+def _tensor(array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of ``array``; read-only arrays (zero-copy from Ray's object store) are copied,
+    as torch cannot hold a read-only buffer."""
+    array = np.asarray(array)
+    tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    return tensor if dtype is None else tensor.to(dtype)
 
 
 class Engine:
@@ -214,7 +218,7 @@ class Engine:
         self._need_head(loss_fn.head, f"loss {loss!r}")
         _check_flat(grads, self.numel, "grads")
         temperature = loss_args.pop("temperature", 1.0)
-        tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in batch.items()}
+        tensors = {k: _tensor(v) for k, v in batch.items()}
         ids, mask = self._inputs(tensors["input_ids"], tensors.get("attention_mask"))
         with self._bound(weights, grad=True) as params:
             if loss_fn.head == "lm":

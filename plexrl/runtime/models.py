@@ -126,5 +126,5 @@ def model_spec(name: str, source: str, head: str = "lm", **kw) -> ModelSpec:
                      num_layers=config.num_hidden_layers,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=head_dim, dtype_bytes=4, head=head, source=source,
-                     kv_cache_tokens=0)
+                     kv_cache_tokens=0, vocab_size=config.vocab_size)
     return replace(spec, **kw) if kw else spec

@@ -1,0 +1,69 @@
+"""The runtime's settings: emulated devices, worker groups, threads, and scheduling knobs.
+
+Owns: ``RuntimeConfig`` and ``WorkerGroupConfig`` (frozen, with units; loadable from TOML
+through ``plexrl.config``), and ``cluster_spec``: the ``ClusterSpec`` the core plans against
+for one node of this runtime. Must not know: Ray, torch, or how a call runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plexrl.config import option
+from plexrl.core.cluster import ClusterSpec, DeviceSpec, Direction, NodeSpec, WorkerGroupSpec
+from plexrl.core.snapshot import CoreConfig
+from plexrl.protocol import NodeId, WorkerGroupId
+
+
+@dataclass(frozen=True)
+class WorkerGroupConfig:
+    name: str = option(doc="worker group id")
+    num_devices: int = option(1, unit="count", min=1, doc="devices reserved for the group")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """What a local runtime starts with. Without CUDA every device is emulated: a byte
+    budget in the service actor's memory (docs/design.md, "Emulated devices")."""
+
+    device_bytes: int = option(256 << 20, unit="bytes", min=1,
+                               doc="memory of one (emulated) device")
+    host_bytes: int = option(4 << 30, unit="bytes", min=1,
+                             doc="host memory for parked states, per node")
+    worker_groups: tuple[WorkerGroupConfig, ...] = option(
+        (WorkerGroupConfig("wg0", 1),), doc="worker groups, all on the first node")
+    threads: int = option(1, unit="count", min=1, doc="torch threads of each service actor")
+    queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
+    prefetch: bool = option(True, doc="onload the next call's states while one runs")
+    host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
+    check_invariants: bool = option(False, doc="check the core's invariants every cycle (tests)")
+    skip_onload: tuple[str, ...] = option(
+        (), doc="fault injection for tests: States whose onload copies no bytes (zeroed)")
+    bytes_per_s: float = option(8e9, unit="bytes/s", min=1,
+                                doc="nominal host<->device copy rate, until measured")
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.num_devices for g in self.worker_groups)
+
+    def core_config(self) -> CoreConfig:
+        return CoreConfig(queue_policy=self.queue_policy, prefetch=self.prefetch, backfill=False)
+
+
+NODE = NodeId("node0")
+EMULATED = DeviceSpec(name="emulated", memory_bytes=0, usable_frac=1.0, peak_flops=1e11,
+                      hbm_bytes_per_s=1e10)
+
+
+def cluster_spec(config: RuntimeConfig) -> ClusterSpec:
+    """One node holding every worker group of ``config``; devices as the config sizes them."""
+    device = DeviceSpec(name=EMULATED.name, memory_bytes=config.device_bytes, usable_frac=1.0,
+                        peak_flops=EMULATED.peak_flops, hbm_bytes_per_s=EMULATED.hbm_bytes_per_s)
+    rates = {Direction.ONLOAD: config.bytes_per_s, Direction.OFFLOAD: config.bytes_per_s,
+             Direction.SPILL: config.bytes_per_s / 4, Direction.RESTORE: config.bytes_per_s / 4}
+    node = NodeSpec(node=NODE, num_devices=config.num_devices, device=device,
+                    host_bytes=config.host_bytes, disk_bytes=0, bytes_per_s=rates)
+    groups = {WorkerGroupId(g.name): WorkerGroupSpec(wg=WorkerGroupId(g.name), nodes=(NODE,),
+                                                     num_devices=g.num_devices)
+              for g in config.worker_groups}
+    return ClusterSpec(nodes={NODE: node}, worker_groups=groups)

@@ -1,0 +1,280 @@
+"""The controller: owns the Snapshot, feeds events to ``core.plan`` on the wall clock, and
+hands every decision to the one executor.
+
+Owns: the registration of jobs (a ticket once every copy is bound, or the core's ``Reject`` as
+a ``PlacementError``), admitting each job's calls in its sequence-number order whatever order
+they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
+folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
+an asyncio Ray actor, so every fold and plan happens on one thread. It decides and never
+carries tensors: a call's payload and result are object references it passes on unopened.
+Must not know: torch, what a call computes, how bytes move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+
+import ray
+
+from plexrl.core import apply, assume, plan
+from plexrl.core import events as ev
+from plexrl.core.decisions import Dispatch, Move, Place, Reject
+from plexrl.core.invariants import check_decisions, check_step, enforce
+from plexrl.core.snapshot import Snapshot
+from plexrl.errors import AuthError, CallError, ConfigError, OrderError, PlacementError, ServiceLost
+from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
+                             Tier)
+from plexrl.runtime.config import RuntimeConfig, cluster_spec
+from plexrl.runtime.executor import Executor
+from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
+                                 job_spec, workspace_bytes)
+
+
+class Controller:
+    def __init__(self, config: RuntimeConfig, session: str):
+        self.config, self.session = config, session
+        self.snap = Snapshot(cluster=cluster_spec(config), config=config.core_config())
+        self.jobs: dict[JobId, JobRecord] = {}
+        self.calls: dict[CallId, PendingCall] = {}
+        self.call_log: list[dict] = []
+        self.executor: Executor | None = None
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> dict:
+        self.executor = await Executor.start(self.config, self.session)
+        return {"session": self.session, "worker_groups": sorted(self.executor.services)}
+
+    # -- what jobs ask ----------------------------------------------------------------------
+    async def register(self, request: JobRequest) -> Ticket:
+        if request.job in self.jobs:
+            raise ConfigError("a job of this name is registered", field="job", value=request.job,
+                              fix="end it first or choose another name")
+        spec = job_spec(request, tuple(self.snap.group_order))
+        record = JobRecord(request, secrets.token_hex(16), asyncio.get_running_loop().create_future())
+        self.jobs[request.job] = record
+        self._fold(ev.JobSubmitted(spec=spec, at=time.monotonic()))
+        self._plan()
+        return await record.placed
+
+    async def submit(self, request: CallRequest, payload: list) -> list:
+        """Queue a call; answers, once it is dispatched, with [the reference of its result]."""
+        record = self._authorised(request.job, request.token)
+        if request.seq < record.next_seq or request.seq in record.held:
+            raise OrderError(f"job {request.job}: sequence number {request.seq} was already used "
+                             f"(next is {record.next_seq})", job=request.job, seq=request.seq)
+        pending = PendingCall(request, payload[0], asyncio.get_running_loop().create_future())
+        record.held[request.seq] = pending
+        self._admit_calls(record)
+        self._plan()
+        return await pending.future
+
+    async def end(self, ticket: Ticket) -> None:
+        record = self._authorised(ticket.job, ticket.token)
+        await self._end_job(ticket.job, record, CallError(f"job {ticket.job} ended",
+                                                          job=ticket.job))
+
+    async def inspect(self, what: str):
+        if what == "calls":
+            return list(self.call_log)
+        if what == "transitions":
+            logs = await asyncio.gather(*(s.transitions.remote()
+                                          for s in self.executor.services.values()))
+            return sorted((t for log in logs for t in log), key=lambda t: t["end_s"])
+        if what == "status":
+            return {"jobs": {j: {str(k): v for k, v in r.groups.items()}
+                             for j, r in self.jobs.items()},
+                    "states": {str(k): (v.tier, v.num_bytes, v.version)
+                               for k, v in self.snap.states.items()},
+                    "queued": len(self.snap.queued), "running": len(self.snap.running)}
+        raise ConfigError("nothing to inspect by this name", value=what,
+                          fix="one of calls, transitions, status")
+
+    async def service(self, wg: str):
+        """The handle of a worker group's service actor (tests, tools)."""
+        return [self.executor.services[wg]]
+
+    async def shutdown(self) -> None:
+        for job, record in list(self.jobs.items()):
+            await self._end_job(job, record, CallError(f"runtime shut down; job {job} ended",
+                                                       job=job))
+        await self.executor.shutdown()
+
+    # -- calls in order ----------------------------------------------------------------------
+    def _authorised(self, job: JobId, token: str) -> JobRecord:
+        record = self.jobs.get(job)
+        if record is None or not secrets.compare_digest(record.token, token):
+            raise AuthError(f"job {job}: unknown job or a token that is not this job's; use the "
+                            "ticket its registration returned", job=job)
+        return record
+
+    def _admit_calls(self, record: JobRecord) -> None:
+        """Queue the job's calls that are next in its order; a malformed one fails alone.
+
+        A GENERATE for a version no SYNC_WEIGHTS of the job has installed yet is parked and
+        queued right after the sync that installs it; later calls do not wait for it
+        (docs/design.md D58).
+        """
+        while record.next_seq in record.held:
+            pending = record.held.pop(record.next_seq)
+            record.next_seq += 1
+            request = pending.request
+            try:
+                check_request(request, record)
+                pending.workspace_bytes = workspace_bytes(record.spec(request.role), request)
+                parked = record.gate(pending)
+            except CallError as err:
+                pending.future.set_exception(err)
+                continue
+            if not parked:
+                self._queue(record, pending)
+                for ready in record.released_by(request):
+                    self._queue(record, ready)
+
+    def _queue(self, record: JobRecord, pending: PendingCall) -> None:
+        request = pending.request
+        pending.call = CallId(next(self._ids))
+        pending.queued_at = time.monotonic()
+        pending.copy_seq = record.next_copy_seq(request)
+        self.calls[pending.call] = pending
+        tokens = request.num_sequences * (request.max_tokens or request.seq_len)
+        self._fold(ev.CallQueued(call=pending.call, job=request.job,
+                                 seq=pending.copy_seq, function=request.function,
+                                 role=request.role, at=pending.queued_at, step=request.step,
+                                 num_tokens=tokens, version=request.version,
+                                 workspace_bytes=pending.workspace_bytes))
+
+    # -- plan, assume, act -------------------------------------------------------------------
+    def _fold(self, event) -> None:
+        before = self.snap
+        self.snap = apply(self.snap, event)
+        if self.config.check_invariants:
+            enforce(check_step(before, self.snap))
+
+    def _plan(self) -> None:
+        while True:
+            now = time.monotonic()
+            decisions = plan(self.snap, now)
+            if not decisions:
+                return
+            if self.config.check_invariants:
+                enforce(check_decisions(self.snap, decisions, now))
+            for decision in decisions:
+                self.snap = assume(self.snap, decision, now)
+                self._execute(decision, now)
+
+    def _execute(self, decision, now: float) -> None:
+        match decision:
+            case Reject(job=job, reason=reason):
+                record = self.jobs.pop(job)
+                record.placed.set_exception(PlacementError(reason, job=job))
+            case Place(job=job):
+                record = self.jobs[job]
+                record.groups[(decision.role, decision.copy)] = decision.wg
+                if all(s.job != job for s in self.snap.pending):
+                    self._spawn(self._bind(job, record))
+            case Dispatch(call=call, wg=wg):
+                pending = self.calls[call]
+                pending.wg, pending.started_at = wg, now
+                order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq)
+                result, done = self.executor.dispatch(wg, order, pending.payload)
+                pending.future.set_result([result])
+                self._spawn(self._call_done(pending, done))
+            case Move():
+                self._spawn(self._move_done(decision, now))
+
+    async def _bind(self, job: JobId, record: JobRecord) -> None:
+        """Create the job's States on its services (on HOST, where the core put them)."""
+        try:
+            for role, spec in record.request.models:
+                places = {record.groups[(role, c)] for c in copies_of(role, spec)}
+                if len(places) > 1:
+                    raise PlacementError(f"job {job}: the copies of its {role} model went to "
+                                         f"{sorted(places)}; the runtime keeps them on one worker "
+                                         "group (SYNC_WEIGHTS is a local copy)", job=job)
+            await asyncio.gather(*(self.executor.bind(
+                record.groups[(role, copy)], job, record.token, role, copy, spec,
+                record.request.seed, self._sizes(job, role, copy))
+                for role, spec in record.request.models for copy in copies_of(role, spec)))
+        except Exception as err:   # a service refused: nothing of the job stays behind
+            await self._end_job(job, record, err)
+            if not record.placed.done():
+                record.placed.set_exception(err)
+            return
+        record.placed.set_result(Ticket(job, record.token))
+
+    def _sizes(self, job: JobId, role, copy) -> dict[State, int]:
+        """The bytes the core counts for each State of a copy (the service must agree)."""
+        return {s: self.snap.states[StateKey(job, role, copy, s)].num_bytes for s in State
+                if StateKey(job, role, copy, s) in self.snap.states}
+
+    async def _call_done(self, pending: PendingCall, done) -> None:
+        request = pending.request
+        try:
+            record = await done
+            duration = record["duration_s"]
+        except ray.exceptions.RayActorError as err:
+            self._lost(pending.wg, err)
+            return
+        except Exception:   # the call failed; its job reads the error from the result
+            duration = time.monotonic() - pending.started_at
+        end = time.monotonic()
+        self.calls.pop(pending.call, None)
+        self.call_log.append({"call": pending.call, "job": request.job, "seq": request.seq,
+                              "function": str(request.function), "role": str(request.role),
+                              "step": request.step, "wg": pending.wg,
+                              "queued_s": pending.queued_at, "start_s": pending.started_at,
+                              "end_s": end, "duration_s": duration})
+        if request.job in self.snap.jobs:
+            self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
+                                       duration_s=duration))
+            self._plan()
+
+    async def _move_done(self, move: Move, now: float) -> None:
+        if move.key.state == State.KV_CACHE or Tier.DROPPED in (move.src, move.dst):
+            seconds = 0.0    # the KV cache is reserved per call (workspace), not copied
+        else:
+            try:
+                seconds = (await self.executor.move(move))["seconds"]
+            except ray.exceptions.RayActorError as err:
+                self._lost(move.wg, err)
+                return
+        self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.dst,
+                                         num_bytes=move.num_bytes, at=time.monotonic(),
+                                         duration_s=seconds))
+        self._plan()
+
+    # -- endings -----------------------------------------------------------------------------
+    async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
+        self._fail_calls(job, record, err)
+        self._fold(ev.JobEnded(job=job, at=time.monotonic(), reason=str(err)))
+        await asyncio.gather(*(self.executor.unbind(wg, job) for wg in set(record.groups.values())),
+                             return_exceptions=True)
+        self._plan()
+
+    def _lost(self, wg, err: Exception) -> None:
+        """A service died: its jobs end with ``ServiceLost``; other groups go on."""
+        for job, record in list(self.jobs.items()):
+            if wg in record.groups.values():
+                self._fail_calls(job, record, ServiceLost(
+                    f"worker group {wg} lost its service actor ({type(err).__name__}); job {job} "
+                    "must resume from its last saved state", wg=wg, job=job))
+        self._fold(ev.WorkerLost(wg=wg, at=time.monotonic()))
+        self._plan()
+
+    def _fail_calls(self, job: JobId, record: JobRecord, err: Exception) -> None:
+        """Forget the job here; every call of it not yet answered fails with ``err``."""
+        self.jobs.pop(job, None)
+        for pending in [*record.held.values(), *record.parked,
+                        *(p for p in self.calls.values() if p.request.job == job)]:
+            if not pending.future.done():
+                pending.future.set_exception(err)
+        self.calls = {c: p for c, p in self.calls.items() if p.request.job != job}
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

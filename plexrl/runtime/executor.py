@@ -1,0 +1,121 @@
+"""The one executor of the runtime: worker groups reserved on Ray, and decisions as actor calls.
+
+Owns: reserving each worker group with a Ray placement group (one bundle of its devices:
+GPUs where the cluster has them, else the ``plexrl_device`` resource that stands for an
+emulated device), starting one service actor per group inside its reservation, and turning
+``Dispatch`` / ``Move`` / binding into calls on that actor, each answered by an object
+reference. Must not know: why a decision was made, or what a call computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from plexrl.core.decisions import Move
+from plexrl.errors import ConfigError
+from plexrl.protocol import WorkerGroupId
+from plexrl.runtime.config import NODE, RuntimeConfig
+from plexrl.runtime.jobs import CallOrder
+
+DEVICE_RESOURCE = "plexrl_device"   #: the Ray resource of one emulated device
+READY_TIMEOUT_S = 60.0
+
+
+class Executor:
+    def __init__(self, services: dict[WorkerGroupId, object], groups: list, host_root: Path):
+        self.services = services
+        self._groups = groups
+        self._host_root = host_root
+
+    @classmethod
+    async def start(cls, config: RuntimeConfig, session: str) -> "Executor":
+        """Reserve every worker group and start its service actor; wait until all answer."""
+        resource = "GPU" if ray.cluster_resources().get("GPU") else DEVICE_RESOURCE
+        actor = ray.remote(ServiceActor)
+        services, groups = {}, []
+        for group in config.worker_groups:
+            bundle = {resource: group.num_devices}
+            pg = placement_group([bundle], strategy="STRICT_PACK", name=f"{session}-{group.name}")
+            groups.append(pg)
+            try:
+                await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                have = ray.cluster_resources().get(resource, 0)
+                raise ConfigError(
+                    f"worker group {group.name} could not reserve {group.num_devices} "
+                    f"{resource} within {READY_TIMEOUT_S:.0f} s (the cluster has {have:g})",
+                    field="worker_groups", value=group.name,
+                    fix=f"start Ray with resources={{'{resource}': N}} or ask for fewer devices"
+                ) from None
+            options = {resource: group.num_devices} if resource != "GPU" else {}
+            services[WorkerGroupId(group.name)] = actor.options(
+                name=f"{session}-service-{group.name}", num_cpus=0,
+                num_gpus=group.num_devices if resource == "GPU" else 0,
+                resources=options, max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0),
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
+            ).remote(group.name, config.device_bytes * group.num_devices,
+                     str(Path(config.host_root) / f"plexrl-{session}" / NODE / group.name),
+                     config.threads, config.skip_onload)
+        await asyncio.gather(*(s.ready.remote() for s in services.values()))
+        return cls(services, groups, Path(config.host_root) / f"plexrl-{session}")
+
+    def bind(self, wg: WorkerGroupId, *args):
+        return self.services[wg].bind.remote(*args)
+
+    def dispatch(self, wg: WorkerGroupId, order: CallOrder, payload):
+        """(result reference, done reference): the job reads the first, the controller the
+        second (a small record), so results never pass through the controller."""
+        return self.services[wg].run.options(num_returns=2).remote(order, payload)
+
+    def move(self, move: Move):
+        return self.services[move.wg].move.remote(move.key, move.src, move.dst, move.reason)
+
+    def unbind(self, wg: WorkerGroupId, job: str):
+        return self.services[wg].unbind.remote(job)
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(s.close.remote() for s in self.services.values()),
+                             return_exceptions=True)
+        for service in self.services.values():
+            ray.kill(service)
+        for pg in self._groups:
+            remove_placement_group(pg)
+        shutil.rmtree(self._host_root, ignore_errors=True)
+
+
+class ServiceActor:
+    """The shell of a service actor: it imports the service, and so torch, in its own process
+    only, so the controller that starts it never imports torch (it starts in a third of
+    the time). Each method hands on to ``plexrl.runtime.service.Service``."""
+
+    def __init__(self, *args):
+        from plexrl.runtime.service import Service
+        self._service = Service(*args)
+
+    def ready(self):
+        return self._service.ready()
+
+    def bind(self, *args):
+        return self._service.bind(*args)
+
+    def unbind(self, job):
+        return self._service.unbind(job)
+
+    def run(self, order, payload):
+        return self._service.run(order, payload)
+
+    def move(self, *args):
+        return self._service.move(*args)
+
+    def transitions(self):
+        return self._service.transitions()
+
+    def close(self):
+        return self._service.close()

@@ -1,0 +1,42 @@
+"""One local Ray cluster for the whole test session, and runtimes started on it per test.
+
+The cluster runs on loopback with 64 emulated devices (``plexrl_device``); each runtime
+(a controller and its service actors) is started by ``connect`` and closed after its test.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from plexrl.runtime.transport import init_local
+    if not ray.is_initialized():
+        init_local(num_devices=64, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def connect(ray_session):
+    from plexrl.client import Runtime
+    from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
+    from plexrl.runtime.transport import RayTransport
+    opened = []
+
+    def start(groups=(("wg0", 1),), **settings) -> Runtime:
+        config = RuntimeConfig(worker_groups=tuple(WorkerGroupConfig(n, d) for n, d in groups),
+                               check_invariants=True, **settings)
+        runtime = Runtime(RayTransport(config=config))
+        opened.append(runtime)
+        return runtime
+    yield start
+    for runtime in opened:
+        runtime.close()
