@@ -2,9 +2,9 @@
 against the same engine called directly in the same run.
 
 The direct baseline runs inside a Ray actor with the service's torch thread count (an actor
-runs torch on fewer threads than a shell), on the same weights and generator seed. Each
-side runs ``--calls`` sequential calls after ``--warmup``; the added time per call is the
-difference of the medians. Prints one JSON object.
+runs torch on fewer threads than a shell), on the same weights and generator seed. The two
+alternate, call by call (``--calls`` each after ``--warmup``), so drifting load hits both
+alike; the added time per call is the difference of the medians. Prints one JSON object.
 """
 
 import argparse, json, os, statistics, time  # noqa: E401
@@ -51,17 +51,15 @@ def main() -> None:
 
     direct = Direct.options(runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}}
                             ).remote(spec, config.threads)
-    for _ in range(args.warmup):
-        ray.get(direct.generate.remote(args.max_tokens))
-    inside = [ray.get(direct.generate.remote(args.max_tokens)) for _ in range(args.calls)]
-
     runtime = Runtime(RayTransport(config=config))
     job = runtime.register_job("bench", {"policy": spec})
-    through = []
-    for i in range(args.warmup + args.calls):
+    inside, through = [], []
+    for i in range(args.warmup + args.calls):   # alternate, so drift in load hits both alike
+        took = ray.get(direct.generate.remote(args.max_tokens))
         start = time.perf_counter()
         job.generate(PROMPTS, step=0, max_tokens=args.max_tokens, temperature=1.0).result()
         if i >= args.warmup:
+            inside.append(took)
             through.append(time.perf_counter() - start)
     runtime.close()
     direct_ms = 1e3 * statistics.median(inside)

@@ -60,17 +60,29 @@ class Controller:
         self._plan()
         return await record.placed
 
-    async def submit(self, request: CallRequest, payload: list) -> list:
-        """Queue a call; answers, once it is dispatched, with [the reference of its result]."""
+    async def submit(self, request: CallRequest) -> None:
+        """Admit a call (its payload went to its service); answers once it is queued, or with
+        the error that refuses it."""
         record = self._authorised(request.job, request.token)
         if request.seq < record.next_seq or request.seq in record.held:
             raise OrderError(f"job {request.job}: sequence number {request.seq} was already used "
                              f"(next is {record.next_seq})", job=request.job, seq=request.seq)
-        pending = PendingCall(request, payload[0], asyncio.get_running_loop().create_future())
-        record.held[request.seq] = pending
+        try:
+            check_request(request, record)
+            error = None
+        except CallError as err:
+            error = err
+        record.held[request.seq] = PendingCall(request, error=error)
         self._admit_calls(record)
         self._plan()
-        return await pending.future
+        if error is not None:   # it used its sequence number; the job goes on
+            raise error
+
+    async def routes(self, ticket: Ticket) -> list:
+        """Where the job's calls go: (role, copy, service actor) for each of its copies."""
+        record = self._authorised(ticket.job, ticket.token)
+        return [(role, copy, self.executor.services[wg]) for (role, copy), wg in
+                record.groups.items()]
 
     async def end(self, ticket: Ticket) -> None:
         record = self._authorised(ticket.job, ticket.token)
@@ -123,16 +135,27 @@ class Controller:
             record.next_seq += 1
             request = pending.request
             try:
-                check_request(request, record)
+                if pending.error is not None:
+                    raise pending.error
                 pending.workspace_bytes = workspace_bytes(record.spec(request.role), request)
                 parked = record.gate(pending)
             except CallError as err:
-                pending.future.set_exception(err)
+                self._refuse(record, pending, err)
                 continue
             if not parked:
                 self._queue(record, pending)
-                for ready in record.released_by(request):
-                    self._queue(record, ready)
+                ready, stale = record.released_by(request)
+                for waiting in ready:
+                    self._queue(record, waiting)
+                for waiting, err in stale:
+                    self._refuse(record, waiting, err)
+
+    def _refuse(self, record: JobRecord, pending: PendingCall, err: Exception) -> None:
+        """A call the job cannot run: the job reads ``err`` where it sent the call."""
+        request = pending.request
+        wg = record.groups.get((request.role, request.copy))
+        if wg is not None:
+            self.executor.refuse(wg, request.job, request.seq, err)
 
     def _queue(self, record: JobRecord, pending: PendingCall) -> None:
         request = pending.request
@@ -180,9 +203,7 @@ class Controller:
                 pending = self.calls[call]
                 pending.wg, pending.started_at = wg, now
                 order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq)
-                result, done = self.executor.dispatch(wg, order, pending.payload)
-                pending.future.set_result([result])
-                self._spawn(self._call_done(pending, done))
+                self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
             case Move():
                 self._spawn(self._move_done(decision, now))
 
@@ -214,23 +235,21 @@ class Controller:
     async def _call_done(self, pending: PendingCall, done) -> None:
         request = pending.request
         try:
-            record = await done
-            duration = record["duration_s"]
+            done = await done
         except ray.exceptions.RayActorError as err:
             self._lost(pending.wg, err)
             return
-        except Exception:   # the call failed; its job reads the error from the result
-            duration = time.monotonic() - pending.started_at
         end = time.monotonic()
         self.calls.pop(pending.call, None)
         self.call_log.append({"call": pending.call, "job": request.job, "seq": request.seq,
                               "function": str(request.function), "role": str(request.role),
                               "step": request.step, "wg": pending.wg,
                               "queued_s": pending.queued_at, "start_s": pending.started_at,
-                              "end_s": end, "duration_s": duration})
+                              "end_s": end, "duration_s": done["duration_s"],
+                              "failed": done["failed"]})
         if request.job in self.snap.jobs:
             self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
-                                       duration_s=duration))
+                                       duration_s=done["duration_s"]))
             self._plan()
 
     async def _move_done(self, move: Move, now: float) -> None:
@@ -249,29 +268,29 @@ class Controller:
 
     # -- endings -----------------------------------------------------------------------------
     async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
-        self._fail_calls(job, record, err)
+        """Forget the job: its calls still waiting fail with ``err``; its States are released."""
+        self._forget(job)
         self._fold(ev.JobEnded(job=job, at=time.monotonic(), reason=str(err)))
-        await asyncio.gather(*(self.executor.unbind(wg, job) for wg in set(record.groups.values())),
-                             return_exceptions=True)
+        await asyncio.gather(*(self.executor.unbind(wg, job, err)
+                               for wg in set(record.groups.values())), return_exceptions=True)
         self._plan()
 
     def _lost(self, wg, err: Exception) -> None:
-        """A service died: its jobs end with ``ServiceLost``; other groups go on."""
+        """A service died: its jobs end with ``ServiceLost`` (their calls there fail with the
+        actor); other groups go on."""
         for job, record in list(self.jobs.items()):
             if wg in record.groups.values():
-                self._fail_calls(job, record, ServiceLost(
-                    f"worker group {wg} lost its service actor ({type(err).__name__}); job {job} "
-                    "must resume from its last saved state", wg=wg, job=job))
+                self._forget(job)
+                lost = ServiceLost(f"worker group {wg} lost its service actor "
+                                   f"({type(err).__name__}); job {job} must resume from its last "
+                                   "saved state", wg=wg, job=job)
+                for other in set(record.groups.values()) - {wg}:
+                    self.executor.unbind(other, job, lost)
         self._fold(ev.WorkerLost(wg=wg, at=time.monotonic()))
         self._plan()
 
-    def _fail_calls(self, job: JobId, record: JobRecord, err: Exception) -> None:
-        """Forget the job here; every call of it not yet answered fails with ``err``."""
+    def _forget(self, job: JobId) -> None:
         self.jobs.pop(job, None)
-        for pending in [*record.held.values(), *record.parked,
-                        *(p for p in self.calls.values() if p.request.job == job)]:
-            if not pending.future.done():
-                pending.future.set_exception(err)
         self.calls = {c: p for c, p in self.calls.items() if p.request.job != job}
 
     def _spawn(self, coro) -> None:

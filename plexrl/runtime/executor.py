@@ -22,6 +22,7 @@ from plexrl.errors import ConfigError
 from plexrl.protocol import WorkerGroupId
 from plexrl.runtime.config import NODE, RuntimeConfig
 from plexrl.runtime.jobs import CallOrder
+from plexrl.runtime.service_actor import ServiceActor
 
 DEVICE_RESOURCE = "plexrl_device"   #: the Ray resource of one emulated device
 READY_TIMEOUT_S = 60.0
@@ -57,7 +58,7 @@ class Executor:
             services[WorkerGroupId(group.name)] = actor.options(
                 name=f"{session}-service-{group.name}", num_cpus=0,
                 num_gpus=group.num_devices if resource == "GPU" else 0,
-                resources=options, max_concurrency=4,
+                resources=options, max_concurrency=1000,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
             ).remote(group.name, config.device_bytes * group.num_devices,
@@ -69,16 +70,19 @@ class Executor:
     def bind(self, wg: WorkerGroupId, *args):
         return self.services[wg].bind.remote(*args)
 
-    def dispatch(self, wg: WorkerGroupId, order: CallOrder, payload):
-        """(result reference, done reference): the job reads the first, the controller the
-        second (a small record), so results never pass through the controller."""
-        return self.services[wg].run.options(num_returns=2).remote(order, payload)
+    def dispatch(self, wg: WorkerGroupId, order: CallOrder):
+        """Tell the service to run a call its job has sent it; answers a small record once
+        the call ran (the job gets the result from the service itself)."""
+        return self.services[wg].go.remote(order)
+
+    def refuse(self, wg: WorkerGroupId, job: str, seq: int, err: Exception):
+        return self.services[wg].fail.remote(job, seq, err)
 
     def move(self, move: Move):
         return self.services[move.wg].move.remote(move.key, move.src, move.dst, move.reason)
 
-    def unbind(self, wg: WorkerGroupId, job: str):
-        return self.services[wg].unbind.remote(job)
+    def unbind(self, wg: WorkerGroupId, job: str, err: Exception):
+        return self.services[wg].unbind.remote(job, err)
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(s.close.remote() for s in self.services.values()),
@@ -89,33 +93,3 @@ class Executor:
             remove_placement_group(pg)
         shutil.rmtree(self._host_root, ignore_errors=True)
 
-
-class ServiceActor:
-    """The shell of a service actor: it imports the service, and so torch, in its own process
-    only, so the controller that starts it never imports torch (it starts in a third of
-    the time). Each method hands on to ``plexrl.runtime.service.Service``."""
-
-    def __init__(self, *args):
-        from plexrl.runtime.service import Service
-        self._service = Service(*args)
-
-    def ready(self):
-        return self._service.ready()
-
-    def bind(self, *args):
-        return self._service.bind(*args)
-
-    def unbind(self, job):
-        return self._service.unbind(job)
-
-    def run(self, order, payload):
-        return self._service.run(order, payload)
-
-    def move(self, *args):
-        return self._service.move(*args)
-
-    def transitions(self):
-        return self._service.transitions()
-
-    def close(self):
-        return self._service.close()

@@ -95,11 +95,10 @@ class CallOrder:
 
 @dataclass
 class PendingCall:
-    """A call from its arrival to its dispatch; ``future`` gets the result's reference."""
+    """A call from its arrival at the controller until it ran (its payload is not here)."""
 
     request: CallRequest
-    payload: object                          #: an object reference, never the bytes
-    future: asyncio.Future
+    error: CallError | None = None           #: malformed: it only takes its place in the order
     call: CallId | None = None
     wg: WorkerGroupId | None = None
     workspace_bytes: int = 0
@@ -138,25 +137,28 @@ class JobRecord:
                 job=request.job, seq=request.seq, function="generate")
         return False
 
-    def released_by(self, request: CallRequest) -> list[PendingCall]:
-        """The parked GENERATEs a just-queued sync lets go, in their order."""
+    def released_by(self, request: CallRequest) -> tuple[list[PendingCall],
+                                                         list[tuple[PendingCall, CallError]]]:
+        """The parked GENERATEs a just-queued sync lets go, in their order, and those it
+        leaves behind for good (a sync skipped their version), with their error."""
         if request.function != Function.SYNC_WEIGHTS:
-            return []
+            return [], []
         self.synced[request.role] = max(self.synced.get(request.role, 0), request.version)
-        ready, parked = [], []
+        ready, stale, parked = [], [], []
         for pending in self.parked:
-            if pending.request.role != request.role or pending.request.version > request.version:
+            wanted = pending.request.version
+            if pending.request.role != request.role or wanted > request.version:
                 parked.append(pending)
-            elif pending.request.version == request.version:
+            elif wanted == request.version:
                 ready.append(pending)
-            else:   # a sync skipped its version: it could never run
-                pending.future.set_exception(CallError(
+            else:
+                stale.append((pending, CallError(
                     f"job {request.job}: GENERATE call {pending.request.seq} waits for version "
-                    f"{pending.request.version}, but sync call {request.seq} installs version "
-                    f"{request.version} over it; fix: sync every version a GENERATE names",
-                    job=request.job, seq=pending.request.seq, function="generate"))
+                    f"{wanted}, but sync call {request.seq} installs version {request.version} "
+                    "over it; fix: sync every version a GENERATE names", job=request.job,
+                    seq=pending.request.seq, function="generate")))
         self.parked = parked
-        return ready
+        return ready, stale
 
     def spec(self, role: Role) -> ModelSpec:
         return dict(self.request.models)[role]

@@ -112,6 +112,8 @@ class Service:
         name = _name(key)
         before = self.store.read(name).ctypes.data
         moved = self.store.move(name, dst)
+        if key.copy == Copy.ROLLOUT and key.state == State.WEIGHTS and dst == Tier.HOST:
+            self._save_generator(key.job)   # the sampling generator travels with its copy
         if dst == Tier.DEVICE and str(key.state) in self.skip_onload:
             self.store.tensor(name).zero_()   # fault injection: as if the bytes never came back
         self.log.append({"key": str(key), "job": key.job, "state": f"{key.copy}/{key.state}",
@@ -121,20 +123,24 @@ class Service:
                          "dst_ptr": self.store.read(name).ctypes.data})
         return {"seconds": moved.seconds, "num_bytes": moved.num_bytes}
 
+    def _save_generator(self, job: JobId) -> None:
+        hosted = self.jobs.get(job)
+        if hosted is not None and Role.POLICY in hosted.models:
+            self.store.save_rng(job, hosted.models[Role.POLICY].generator)
+
     def transitions(self) -> list[dict]:
         return list(self.log)
 
     # -- calls --------------------------------------------------------------------------------
-    def run(self, order: CallOrder, payload) -> tuple[object, dict]:
-        """Run one call; answers (its result, a small record the controller folds)."""
+    def run(self, order: CallOrder, payload) -> object:
+        """Run one dispatched call on its States; a bad argument is a ``CallError``."""
         request = order.request
-        start = time.perf_counter()
         hosted = self._authorised(order)
         model = hosted.models[request.role]
         reserve = f"call-{order.call}"
         self.store.device.reserve(reserve, order.workspace_bytes)
         try:
-            result = _RUNNERS[request.function](self, request, model, payload or {})
+            return _RUNNERS[request.function](self, request, model, payload or {})
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
             if isinstance(err, PlexError):
                 raise
@@ -143,16 +149,20 @@ class Service:
                             seq=request.seq, function=str(request.function)) from None
         finally:
             self.store.device.release_reserve(reserve)
-        return result, {"duration_s": time.perf_counter() - start}
 
-    def _authorised(self, order: CallOrder) -> HostedJob:
-        """The call's job, if the call carries its token and is next on its model copy."""
-        request = order.request
+    def check_token(self, request: CallRequest) -> HostedJob:
+        """The call's job, if the call carries that job's token."""
         hosted = self.jobs.get(request.job)
         if hosted is None or not secrets.compare_digest(hosted.token, request.token):
             raise AuthError(f"worker group {self.wg}: job {request.job} is unknown here or the "
                             "token is not this job's; calls must carry their job's ticket",
                             job=request.job)
+        return hosted
+
+    def _authorised(self, order: CallOrder) -> HostedJob:
+        """The call's job, if the call carries its token and is next on its model copy."""
+        request = order.request
+        hosted = self.check_token(request)
         copy = (request.role, request.copy)
         expected = hosted.next_seq.get(copy, 0)
         if order.copy_seq != expected:
@@ -175,7 +185,6 @@ class Service:
                 temperature=float(request.option("temperature", 1.0)),
                 top_p=float(request.option("top_p", 1.0)), stop=list(request.option("stop", ())),
                 generator=model.generator)
-        self.store.save_rng(request.job, model.generator)
         return {**out, "version": model.rollout_version}
 
     def _logprobs(self, request: CallRequest, model: HostedModel, payload) -> dict:

@@ -3,8 +3,10 @@
 Owns: joining a Ray cluster, or starting the embedded local one on loopback
 (``ray.init(address="local")``) with one ``plexrl_device`` resource per emulated device;
 starting this connection's controller; and turning each request into controller calls whose
-answers complete ``concurrent.futures.Future``s. A call's payload is put in the object store
-here and reaches the service by reference; its result comes back from the service directly.
+answers complete ``concurrent.futures.Future``s. A call goes to two places at once: with its
+payload, straight to the service of its worker group, which holds it until the controller
+says go; and, described without its payload, to the controller. Its result comes back from
+the service directly.
 Errors arrive as the ``PlexError`` the runtime raised, not wrapped.
 Must not know: scheduling, or what a call computes.
 """
@@ -13,12 +15,12 @@ from __future__ import annotations
 
 import os
 import secrets
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 
 import ray
 
-from plexrl.errors import ServiceLost
+from plexrl.errors import CallError, ServiceLost
 from plexrl.protocol import CallRequest, JobRequest, Ticket
 from plexrl.runtime.config import RuntimeConfig
 from plexrl.runtime.controller import Controller
@@ -51,23 +53,43 @@ class RayTransport:
             name=f"plexrl-controller-{self.session}", num_cpus=0, max_concurrency=1000,
         ).remote(self.config, self.session)
         self.info = ray.get(self.controller.start.remote())
+        self._routes: dict[str, dict] = {}
 
     def register(self, request: JobRequest) -> "Future[Ticket]":
-        return _future(self.controller.register.remote(request))
-
-    def submit(self, request: CallRequest) -> Future:
-        payload = ray.put(request.payload)
-        head = self.controller.submit.remote(replace(request, payload=None), [payload])
+        """Register; the ticket comes once the job's routes (its services) are known here."""
         out: Future = Future()
 
-        def dispatched(answer: Future) -> None:
+        def placed(done: Future) -> None:
             try:
-                [result] = answer.result()
+                ticket = done.result()
             except Exception as err:
-                out.set_exception(_unwrap(err))
+                _set(out, error=_unwrap(err))
                 return
+            routes = self.controller.routes.remote(ticket)
+            routes.future().add_done_callback(lambda got: self._routed(out, ticket, got))
+        self.controller.register.remote(request).future().add_done_callback(placed)
+        return out
+
+    def _routed(self, out: Future, ticket: Ticket, got: Future) -> None:
+        try:
+            self._routes[ticket.job] = {(role, copy): service
+                                        for role, copy, service in got.result()}
+        except Exception as err:
+            _set(out, error=_unwrap(err))
+            return
+        _set(out, value=ticket)
+
+    def submit(self, request: CallRequest) -> Future:
+        """Send the call with its payload to its service, and its description to the
+        controller; the result comes from the service, a refusal from either."""
+        out: Future = Future()
+        bare = replace(request, payload=None)
+        service = self._routes.get(request.job, {}).get((request.role, request.copy))
+        head = self.controller.submit.remote(bare)    # first: the go starts from there
+        head.future().add_done_callback(lambda done: _refused(out, done, service is None))
+        if service is not None:
+            result = service.run.remote(bare, request.payload)
             result.future().add_done_callback(lambda done: _settle(out, done))
-        head.future().add_done_callback(dispatched)
         return out
 
     def end(self, ticket: Ticket) -> "Future[None]":
@@ -97,9 +119,30 @@ def _future(ref) -> Future:
 
 def _settle(out: Future, done: Future) -> None:
     try:
-        out.set_result(done.result())
+        _set(out, value=done.result())
     except Exception as err:
-        out.set_exception(_unwrap(err))
+        _set(out, error=_unwrap(err))
+
+
+def _refused(out: Future, done: Future, unrouted: bool) -> None:
+    """The controller's answer settles the call only when it refuses it (or, for a call no
+    service can take, always)."""
+    try:
+        done.result()
+    except Exception as err:
+        _set(out, error=_unwrap(err))
+        return
+    if unrouted:
+        _set(out, error=CallError("the call has no service to run on (its job has no such "
+                                  "model copy)"))
+
+
+def _set(out: Future, *, value=None, error: Exception | None = None) -> None:
+    """Complete ``out`` once: the first of the service and the controller to answer wins."""
+    try:
+        out.set_exception(error) if error is not None else out.set_result(value)
+    except InvalidStateError:
+        pass
 
 
 def _unwrap(err: Exception) -> Exception:

@@ -18,7 +18,6 @@ from plexrl.client import Runtime
 from plexrl.errors import AuthError, CallError, ConfigError, PlacementError
 from plexrl.protocol import CallRequest, Function, Role
 from plexrl.runtime.config import RuntimeConfig
-from plexrl.runtime.jobs import CallOrder
 from plexrl.runtime.models import model_spec
 from plexrl.runtime.transport import RayTransport
 
@@ -152,8 +151,7 @@ def test_unknown_and_foreign_tokens_are_refused_by_the_service(runtime):
     request = CallRequest(mine.job, other.ticket.token, 0, Function.LOGPROBS, Role.POLICY,
                           num_sequences=1, seq_len=2)
     for bad in (request, replace(request, job="nobody")):
-        result, _ = service.run.options(num_returns=2).remote(CallOrder(bad, 10_000, 0),
-                                                              {"input_ids": [[1, 2]]})
+        result = service.run.remote(bad, {"input_ids": [[1, 2]]})
         with pytest.raises(AuthError):
             try:
                 ray.get(result)
