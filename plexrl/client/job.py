@@ -3,7 +3,7 @@
 Owns: turning a verb into a ``CallRequest`` with the job's next sequence number (assigned
 under a lock, so calls issued from many threads still have one order), the weight version a
 GENERATE samples (max(0, step - staleness)) and the version a SYNC_WEIGHTS installs (the
-number of OPTIM_STEPs issued before it), and the ``_async`` twin of every verb. Each verb
+OPTIM_STEPs and LOADs issued before it, each a new trainer version), and the ``_async`` twin of every verb. Each verb
 returns a ``concurrent.futures.Future`` at once; the runtime runs the job's calls in
 sequence-number order whatever order they reach it in.
 Must not know: how the transport carries a request, numpy, torch, Ray.
@@ -64,7 +64,7 @@ class JobClient:
         self.transport, self.ticket, self.request = transport, ticket, request
         self._lock = threading.Lock()
         self._seq = 0
-        self._optim_steps: dict[Role, int] = {}
+        self._versions: dict[Role, int] = {}   #: trainer weight versions issued, per model
 
     @property
     def job(self) -> JobId:
@@ -97,15 +97,15 @@ class JobClient:
                    **hyper) -> Future:
         """Apply the accumulated gradients (AdamW) and zero them: a new weight version."""
         with self._lock:
-            self._optim_steps[role] = self._optim_steps.get(role, 0) + 1
+            self._versions[role] = self._versions.get(role, 0) + 1
             return self._call(Function.OPTIM_STEP, role, None, step=step,
                               options={"lr": lr, **hyper}, locked=True)
 
     def sync_weights(self, *, role: Role = Role.POLICY, step: int = 0) -> Future:
-        """Install the trainer's weights (as of the OPTIM_STEPs issued so far) in the rollout
-        copy; the result is the version installed."""
+        """Install the trainer's weights (as of the OPTIM_STEPs and LOADs issued so far) in
+        the rollout copy; the result is the version installed."""
         with self._lock:
-            version = self._optim_steps.get(role, 0)
+            version = self._versions.get(role, 0)
             return self._call(Function.SYNC_WEIGHTS, role, None, step=step, version=version,
                               locked=True)
 
@@ -114,8 +114,11 @@ class JobClient:
         return self._call(Function.SAVE, role, None, options={"path": str(path)})
 
     def load(self, path: str, *, role: Role = Role.POLICY) -> Future:
-        """Read what ``save`` wrote back into the trainer copy."""
-        return self._call(Function.LOAD, role, None, options={"path": str(path)})
+        """Read what ``save`` wrote back into the trainer copy: a new weight version."""
+        with self._lock:
+            self._versions[role] = self._versions.get(role, 0) + 1
+            return self._call(Function.LOAD, role, None, options={"path": str(path)},
+                              locked=True)
 
     def end(self) -> None:
         """Release the job's states and bindings."""

@@ -113,9 +113,11 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
     running = dict(snap.running)
     del running[ev.wg]
     states = snap.states
-    if call.function in (Function.OPTIM_STEP, Function.SYNC_WEIGHTS):
+    if call.function in (Function.OPTIM_STEP, Function.LOAD, Function.SYNC_WEIGHTS):
+        # a step or a restored checkpoint makes a new trainer version; a sync installs one
         key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
-        new_version = states[key].version + 1 if call.function == Function.OPTIM_STEP else call.version
+        new_version = call.version if call.function == Function.SYNC_WEIGHTS \
+            else states[key].version + 1
         states = dict(states)
         states[key] = replace(states[key], version=new_version)
     est = snap.estimates.observe_service(call.job, call.function, ev.duration_s,

@@ -120,12 +120,19 @@ class JobRecord:
     parked: list[PendingCall] = field(default_factory=list)  #: GENERATEs awaiting their version
 
     def gate(self, pending: PendingCall) -> bool:
-        """Park a GENERATE whose version no sync has been issued for (True: parked); refuse one
-        whose version an earlier sync already replaced (it could never run)."""
+        """Park a GENERATE whose version no sync has been issued for (True: parked); refuse a
+        GENERATE whose version an earlier sync already replaced, and a sync of a version
+        already installed (neither could ever run)."""
         request = pending.request
+        installed = self.synced.get(request.role, 0)
+        if request.function == Function.SYNC_WEIGHTS and request.version <= installed:
+            raise CallError(
+                f"job {request.job} call {request.seq}: nothing to sync, version "
+                f"{request.version} is installed already (or a sync before it installs "
+                f"{installed}); fix: sync after an optim_step or load", job=request.job,
+                seq=request.seq, function="sync_weights")
         if request.function != Function.GENERATE:
             return False
-        installed = self.synced.get(request.role, 0)
         if request.version > installed:
             self.parked.append(pending)
             return True

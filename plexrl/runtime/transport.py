@@ -17,12 +17,13 @@ import os
 import secrets
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
+from pathlib import Path
 
 import ray
 
 from plexrl.errors import CallError, ServiceLost
 from plexrl.protocol import CallRequest, JobRequest, Ticket
-from plexrl.runtime.config import RuntimeConfig
+from plexrl.runtime.config import NODE, RuntimeConfig
 from plexrl.runtime.controller import Controller
 from plexrl.runtime.executor import DEVICE_RESOURCE
 
@@ -101,6 +102,10 @@ class RayTransport:
     def service(self, wg: str):
         """The actor handle of a worker group's service (tests and tools)."""
         return ray.get(self.controller.service.remote(wg))[0]
+
+    def host_dir(self, wg: str) -> Path:
+        """Where a worker group's HOST copies live (they outlive its service actor)."""
+        return Path(self.config.host_root) / f"plexrl-{self.session}" / NODE / wg
 
     def close(self) -> None:
         try:

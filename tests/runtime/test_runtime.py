@@ -8,6 +8,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import ray
 
 import grpo_like
 from plexrl.client import Runtime
-from plexrl.errors import AuthError, CallError, ConfigError, PlacementError
+from plexrl.errors import AuthError, CallError, ConfigError, PlacementError, ServiceLost
 from plexrl.protocol import CallRequest, Function, Role
 from plexrl.runtime.config import RuntimeConfig
 from plexrl.runtime.models import model_spec
@@ -166,3 +167,56 @@ def test_unknown_and_foreign_tokens_are_refused_by_the_service(runtime):
     with pytest.raises(AuthError):
         mine.logprobs({"input_ids": np.array([[1, 2]])}).result()
     assert other.logprobs({"input_ids": np.array([[1, 2]])}).result()["logprobs"].shape == (1, 2)
+
+
+def test_save_then_load_restores_weights_optimizer_and_sampling(runtime, tmp_path):
+    job = runtime.register_job("saved", {"policy": SPEC}, seed=10)
+    grpo_like.step(job, 0)
+    path = str(tmp_path / "saved.safetensors")
+    assert job.save(path).result()["optim_steps"] == 1
+    after_save = grpo_like.step(job, 1)              # moves weights, optimizer and generator on
+    job.load(path).result()                          # a new trainer version: 3
+    assert job.sync_weights().result()["version"] == 3
+    again = grpo_like.step(job, 3)
+    assert np.array_equal(after_save["tokens"], again["tokens"])
+    assert np.array_equal(after_save["old_logprobs"], again["old_logprobs"])
+    with pytest.raises(CallError, match="cannot load"):
+        job.load(str(tmp_path / "missing.safetensors")).result()
+
+
+def test_a_value_model_scores_and_trains_beside_the_policy(runtime):
+    value = model_spec("value", source="tiny-qwen2", head="value")
+    job = runtime.register_job("critic", {"policy": SPEC, "value": value}, seed=11)
+    ids = np.array([[1, 5, 9, 4], [1, 7, 3, 0]])
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+    before = job.logprobs({"input_ids": ids, "attention_mask": mask}, role=Role.VALUE).result()
+    assert before["values"].shape == (2, 4) and before["values"][1, 3] == 0
+    values = before["values"]
+    for _ in range(8):    # PPO's value step: clipped around the values it starts from
+        batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": mask.astype(np.float32),
+                 "returns": np.ones((2, 4), np.float32), "old_values": values}
+        job.forward_backward(batch, loss="value", role=Role.VALUE).result()
+        job.optim_step(lr=1e-2, role=Role.VALUE).result()
+        values = job.logprobs({"input_ids": ids, "attention_mask": mask},
+                              role=Role.VALUE).result()["values"]
+    error = lambda v: np.abs(v - 1)[mask == 1].mean()   # noqa: E731
+    assert error(values) < 0.5 * error(before["values"])
+    with pytest.raises(CallError, match="no rollout copy"):
+        job.generate([[1, 2]], step=0, max_tokens=2, role=Role.VALUE).result()
+
+
+def test_a_dead_service_fails_only_its_jobs_and_leaves_their_host_copies(connect):
+    runtime = connect(groups=(("wg0", 1), ("wg1", 1)))
+    jobs = {name: runtime.register_job(name, {"policy": SPEC}, seed=12) for name in ("x", "y")}
+    status = runtime.inspect("status")
+    group_of = {job: next(iter(set(groups.values()))) for job, groups in status["jobs"].items()}
+    assert set(group_of.values()) == {"wg0", "wg1"}                # spread: one job per group
+    victim = next(job for job, wg in group_of.items() if wg == "wg0")
+    survivor = next(job for job in jobs if job != victim)
+    host_dir = runtime.transport.host_dir("wg0")
+    ray.kill(runtime.transport.service("wg0"))
+    with pytest.raises(ServiceLost):
+        grpo_like.step(jobs[victim], 0)
+    assert grpo_like.step(jobs[survivor], 0)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
+    left = {unquote(p.name) for p in (host_dir / "named").iterdir()}
+    assert any(name.startswith(f"{victim}/") for name in left), left   # HOST copies outlived it
