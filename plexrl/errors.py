@@ -8,6 +8,7 @@
     +-- CallError(ValueError)      a malformed call (bad arguments, unknown role or loss)
     +-- OrderError(ValueError)     a call whose sequence number was already used
     +-- ServiceLost(RuntimeError)  the service actor hosting a job's state died
+    +-- LeaseExpired(TimeoutError) a job's driver stopped renewing its lease; the job ended
 
 Each error is picklable (errors cross process boundaries) and carries its context as
 attributes, so a caller can report it without parsing the message. Expected "no"
@@ -94,3 +95,11 @@ class ServiceLost(PlexError, RuntimeError):
     def __init__(self, message: str, *, wg: str = "", job: str = "", last_version: int = -1):
         super().__init__(message)
         self.wg, self.job, self.last_version = wg, job, last_version
+
+
+class LeaseExpired(PlexError, TimeoutError):
+    """A job's driver sent no sign of life for its lease; the job was ended, its state freed."""
+
+    def __init__(self, message: str, *, job: str = "", lease_s: float = 0.0):
+        super().__init__(message)
+        self.job, self.lease_s = job, lease_s

@@ -41,6 +41,8 @@ class RuntimeConfig:
         (), doc="fault injection for tests: States whose onload copies no bytes (zeroed)")
     bytes_per_s: float = option(8e9, unit="bytes/s", min=1,
                                 doc="nominal host<->device copy rate, until measured")
+    lease_s: float = option(30.0, unit="s", min=0.1,
+                            doc="a job whose driver is silent this long is ended and freed")
 
     @property
     def num_devices(self) -> int:

@@ -24,7 +24,8 @@ from plexrl.core import events as ev
 from plexrl.core.decisions import Dispatch, Move, Place, Reject
 from plexrl.core.invariants import check_decisions, check_step, enforce
 from plexrl.core.snapshot import Snapshot
-from plexrl.errors import AuthError, CallError, ConfigError, OrderError, PlacementError, ServiceLost
+from plexrl.errors import (AuthError, CallError, ConfigError, LeaseExpired, OrderError,
+                           PlacementError, ServiceLost)
 from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
@@ -46,7 +47,12 @@ class Controller:
 
     async def start(self) -> dict:
         self.executor = await Executor.start(self.config, self.session)
-        return {"session": self.session, "worker_groups": sorted(self.executor.services)}
+        self._spawn(self._expire_leases())
+        return await self.info()
+
+    async def info(self) -> dict:
+        return {"session": self.session, "worker_groups": sorted(self.executor.services),
+                "lease_s": self.config.lease_s}
 
     # -- what jobs ask ----------------------------------------------------------------------
     async def register(self, request: JobRequest) -> Ticket:
@@ -54,7 +60,8 @@ class Controller:
             raise ConfigError("a job of this name is registered", field="job", value=request.job,
                               fix="end it first or choose another name")
         spec = job_spec(request, tuple(self.snap.group_order))
-        record = JobRecord(request, secrets.token_hex(16), asyncio.get_running_loop().create_future())
+        record = JobRecord(request, secrets.token_hex(16), asyncio.get_running_loop().create_future(),
+                           renewed_at=time.monotonic())
         self.jobs[request.job] = record
         self._fold(ev.JobSubmitted(spec=spec, at=time.monotonic()))
         self._plan()
@@ -64,6 +71,7 @@ class Controller:
         """Admit a call (its payload went to its service); answers once it is queued, or with
         the error that refuses it."""
         record = self._authorised(request.job, request.token)
+        record.renewed_at = time.monotonic()
         if request.seq < record.next_seq or request.seq in record.held:
             raise OrderError(f"job {request.job}: sequence number {request.seq} was already used "
                              f"(next is {record.next_seq})", job=request.job, seq=request.seq)
@@ -77,6 +85,28 @@ class Controller:
         self._plan()
         if error is not None:   # it used its sequence number; the job goes on
             raise error
+
+    async def renew(self, tickets: list[Ticket]) -> None:
+        """The drivers of these jobs are alive (their transports call this every lease / 3)."""
+        now = time.monotonic()
+        for ticket in tickets:
+            record = self.jobs.get(ticket.job)
+            if record is not None and secrets.compare_digest(record.token, ticket.token):
+                record.renewed_at = now
+
+    async def _expire_leases(self) -> None:
+        """End every job whose driver has been silent for ``lease_s``: its calls fail, its
+        States, spill files and bindings are released; other jobs go on."""
+        lease = self.config.lease_s
+        while True:
+            await asyncio.sleep(min(1.0, lease / 4))
+            now = time.monotonic()
+            for job, record in list(self.jobs.items()):
+                if now - record.renewed_at > lease and record.placed.done():
+                    await self._end_job(job, record, LeaseExpired(
+                        f"job {job}: its driver sent no sign of life for {lease:g} s; the job "
+                        "was ended and its state released (fix: keep the driver's transport "
+                        "open, or raise lease_s)", job=job, lease_s=lease))
 
     async def routes(self, ticket: Ticket) -> list:
         """Where the job's calls go: (role, copy, service actor) for each of its copies."""
@@ -96,6 +126,10 @@ class Controller:
             logs = await asyncio.gather(*(s.transitions.remote()
                                           for s in self.executor.services.values()))
             return sorted((t for log in logs for t in log), key=lambda t: t["end_s"])
+        if what == "bytes":
+            stats = await asyncio.gather(*(s.stats.remote()
+                                           for s in self.executor.services.values()))
+            return dict(zip(self.executor.services, stats))
         if what == "status":
             return {"jobs": {j: {str(k): v for k, v in r.groups.items()}
                              for j, r in self.jobs.items()},
@@ -103,7 +137,7 @@ class Controller:
                                for k, v in self.snap.states.items()},
                     "queued": len(self.snap.queued), "running": len(self.snap.running)}
         raise ConfigError("nothing to inspect by this name", value=what,
-                          fix="one of calls, transitions, status")
+                          fix="one of calls, transitions, bytes, status")
 
     async def service(self, wg: str):
         """The handle of a worker group's service actor (tests, tools)."""

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import psutil
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -130,6 +131,14 @@ class Service:
 
     def transitions(self) -> list[dict]:
         return list(self.log)
+
+    def stats(self) -> dict:
+        """Bytes held per tier (every copy counted), States, and this process's resident memory."""
+        stats = self.store.stats()
+        return {"device_bytes": stats.device.used_bytes, "reserved_bytes": stats.device.reserved_bytes,
+                "host_bytes": stats.host_used_bytes, "num_states": stats.num_states,
+                "num_copies": stats.num_copies, "jobs": sorted(self.jobs),
+                "rss_bytes": psutil.Process().memory_info().rss}
 
     # -- calls --------------------------------------------------------------------------------
     def run(self, order: CallOrder, payload) -> object:

@@ -89,6 +89,9 @@ class ServiceActor:
     async def transitions(self) -> list[dict]:
         return self._service.transitions()
 
+    async def stats(self) -> dict:
+        return self._service.stats()
+
     async def close(self) -> None:
         await self._on(self._compute, self._service.close)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 from pathlib import Path
@@ -39,9 +40,14 @@ def init_local(num_devices: int, **kwargs) -> None:
 
 
 class RayTransport:
-    """One controller (and its services) per connection; closed with ``close``."""
+    """One controller (and its services) per connection, closed with ``close``; or, with
+    ``controller=NAME``, a connection to a controller another driver started (it stays up).
 
-    def __init__(self, address: str = "local", *, config: RuntimeConfig | None = None):
+    While the connection is open, a thread renews the lease of every job registered through
+    it; a driver that dies stops renewing, and its jobs end after ``lease_s``."""
+
+    def __init__(self, address: str = "local", *, config: RuntimeConfig | None = None,
+                 controller: str | None = None):
         self.config = config or RuntimeConfig()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -49,12 +55,28 @@ class RayTransport:
                 init_local(max(self.config.num_devices, 1))
             else:
                 ray.init(address=address, namespace=NAMESPACE, logging_level="WARNING")
-        self.session = secrets.token_hex(4)
-        self.controller = ray.remote(Controller).options(
-            name=f"plexrl-controller-{self.session}", num_cpus=0, max_concurrency=1000,
-        ).remote(self.config, self.session)
-        self.info = ray.get(self.controller.start.remote())
+        self._owns_controller = controller is None
+        if controller is None:
+            self.session = secrets.token_hex(4)
+            controller = f"plexrl-controller-{self.session}"
+            self.controller = ray.remote(Controller).options(
+                name=controller, num_cpus=0, max_concurrency=1000,
+            ).remote(self.config, self.session)
+            self.info = ray.get(self.controller.start.remote())
+        else:
+            self.controller = ray.get_actor(controller, namespace=NAMESPACE)
+            self.info = ray.get(self.controller.info.remote())
+            self.session = self.info["session"]
+        self.controller_name = controller
         self._routes: dict[str, dict] = {}
+        self._tickets: dict[str, Ticket] = {}
+        self._closed = threading.Event()
+        threading.Thread(target=self._renew, name="plexrl-lease", daemon=True).start()
+
+    def _renew(self) -> None:
+        while not self._closed.wait(self.info["lease_s"] / 3):
+            if self._tickets:
+                self.controller.renew.remote(list(self._tickets.values()))
 
     def register(self, request: JobRequest) -> "Future[Ticket]":
         """Register; the ticket comes once the job's routes (its services) are known here."""
@@ -75,6 +97,7 @@ class RayTransport:
         try:
             self._routes[ticket.job] = {(role, copy): service
                                         for role, copy, service in got.result()}
+            self._tickets[ticket.job] = ticket
         except Exception as err:
             _set(out, error=_unwrap(err))
             return
@@ -94,6 +117,7 @@ class RayTransport:
         return out
 
     def end(self, ticket: Ticket) -> "Future[None]":
+        self._tickets.pop(ticket.job, None)
         return _future(self.controller.end.remote(ticket))
 
     def inspect(self, what: str) -> Future:
@@ -108,6 +132,11 @@ class RayTransport:
         return Path(self.config.host_root) / f"plexrl-{self.session}" / NODE / wg
 
     def close(self) -> None:
+        """Stop renewing; shut the controller and its services down if this connection
+        started them."""
+        self._closed.set()
+        if not self._owns_controller:
+            return
         try:
             ray.get(self.controller.shutdown.remote())
         finally:

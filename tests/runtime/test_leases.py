@@ -1,0 +1,74 @@
+"""A job whose driver dies is ended after its lease: its States are released, other jobs go on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import ray
+
+import grpo_like
+from plexrl.runtime.models import model_spec
+
+SPEC = model_spec("policy", source="tiny-qwen2")
+
+ORPHAN = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import grpo_like
+    from plexrl.client import Runtime
+    from plexrl.runtime.models import model_spec
+    from plexrl.runtime.transport import RayTransport
+    runtime = Runtime(RayTransport({address!r}, controller={controller!r}))
+    job = runtime.register_job("orphan", {{"policy": model_spec("policy", source="tiny-qwen2")}})
+    grpo_like.step(job, 0)
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def _until(condition, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def _held(runtime):
+    return {wg: (s["device_bytes"], s["host_bytes"], s["num_states"])
+            for wg, s in runtime.inspect("bytes").items()}
+
+
+def test_a_dead_driver_s_job_is_released_after_its_lease_and_others_go_on(connect):
+    runtime = connect(lease_s=1.5)
+    other = runtime.register_job("other", {"policy": SPEC}, seed=1)
+    grpo_like.step(other, 0)
+    before = _held(runtime)
+    script = ORPHAN.format(tests=str(Path(__file__).parent),
+                           address=ray.get_runtime_context().gcs_address,
+                           controller=runtime.transport.controller_name)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert "orphan" in runtime.inspect("status")["jobs"]
+        assert _held(runtime) != before
+        child.kill()                                   # the driver dies without a word
+        child.wait()
+        _until(lambda: "orphan" not in runtime.inspect("status")["jobs"])
+        _until(lambda: _held(runtime) == before)       # every byte of it released
+    finally:
+        child.kill()
+    assert grpo_like.step(other, 1)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
+
+
+def test_a_live_driver_keeps_its_job_past_the_lease(connect):
+    runtime = connect(lease_s=0.5)
+    job = runtime.register_job("alive", {"policy": SPEC}, seed=2)
+    time.sleep(2.0)                                    # four leases, renewed by the transport
+    assert grpo_like.step(job, 0)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
