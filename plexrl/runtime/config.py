@@ -1,8 +1,8 @@
 """The runtime's settings: emulated devices, worker groups, threads, and scheduling knobs.
 
 Owns: ``RuntimeConfig`` and ``WorkerGroupConfig`` (frozen, with units; loadable from TOML
-through ``plexrl.config``), and ``cluster_spec``: the ``ClusterSpec`` the core plans against
-for one node of this runtime. Must not know: Ray, torch, or how a call runs.
+through ``plexrl.config``), and ``cluster_spec``: the ``ClusterSpec`` the core plans against,
+once the worker groups have their nodes. Must not know: Ray, torch, or how a call runs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class RuntimeConfig:
     host_bytes: int = option(4 << 30, unit="bytes", min=1,
                              doc="host memory for parked states, per node")
     worker_groups: tuple[WorkerGroupConfig, ...] = option(
-        (WorkerGroupConfig("wg0", 1),), doc="worker groups, all on the first node")
+        (WorkerGroupConfig("wg0", 1),), doc="worker groups, each on one node")
     threads: int = option(1, unit="count", min=1, doc="torch threads of each service actor")
+    group_spread: str = option("spread", choices=("spread", "strict-spread", "pack"),
+                               doc="how worker groups spread over the Ray cluster's nodes")
     queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
     prefetch: bool = option(True, doc="onload the next call's states while one runs")
     host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
@@ -52,20 +54,26 @@ class RuntimeConfig:
         return CoreConfig(queue_policy=self.queue_policy, prefetch=self.prefetch, backfill=False)
 
 
-NODE = NodeId("node0")
 EMULATED = DeviceSpec(name="emulated", memory_bytes=0, usable_frac=1.0, peak_flops=1e11,
                       hbm_bytes_per_s=1e10)
 
 
-def cluster_spec(config: RuntimeConfig) -> ClusterSpec:
-    """One node holding every worker group of ``config``; devices as the config sizes them."""
+def cluster_spec(config: RuntimeConfig, nodes: dict[str, str]) -> ClusterSpec:
+    """The cluster the core plans against: each worker group of ``config`` on the Ray node
+    ``nodes`` names for it; a node holds the devices of its groups and ``host_bytes``."""
     device = DeviceSpec(name=EMULATED.name, memory_bytes=config.device_bytes, usable_frac=1.0,
                         peak_flops=EMULATED.peak_flops, hbm_bytes_per_s=EMULATED.hbm_bytes_per_s)
     rates = {Direction.ONLOAD: config.bytes_per_s, Direction.OFFLOAD: config.bytes_per_s,
              Direction.SPILL: config.bytes_per_s / 4, Direction.RESTORE: config.bytes_per_s / 4}
-    node = NodeSpec(node=NODE, num_devices=config.num_devices, device=device,
-                    host_bytes=config.host_bytes, disk_bytes=0, bytes_per_s=rates)
-    groups = {WorkerGroupId(g.name): WorkerGroupSpec(wg=WorkerGroupId(g.name), nodes=(NODE,),
+    groups = {WorkerGroupId(g.name): WorkerGroupSpec(wg=WorkerGroupId(g.name),
+                                                     nodes=(NodeId(nodes[g.name]),),
                                                      num_devices=g.num_devices)
               for g in config.worker_groups}
-    return ClusterSpec(nodes={NODE: node}, worker_groups=groups)
+    devices: dict[NodeId, int] = {}
+    for group in groups.values():
+        devices[group.nodes[0]] = devices.get(group.nodes[0], 0) + group.num_devices
+    return ClusterSpec(nodes={node: NodeSpec(node=node, num_devices=count, device=device,
+                                             host_bytes=config.host_bytes, disk_bytes=0,
+                                             bytes_per_s=rates)
+                              for node, count in devices.items()},
+                       worker_groups=groups)

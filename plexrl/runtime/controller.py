@@ -37,7 +37,7 @@ from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_reques
 class Controller:
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
-        self.snap = Snapshot(cluster=cluster_spec(config), config=config.core_config())
+        self.snap: Snapshot | None = None   # once the worker groups have their nodes
         self.jobs: dict[JobId, JobRecord] = {}
         self.calls: dict[CallId, PendingCall] = {}
         self.call_log: list[dict] = []
@@ -47,12 +47,14 @@ class Controller:
 
     async def start(self) -> dict:
         self.executor = await Executor.start(self.config, self.session)
+        self.snap = Snapshot(cluster=cluster_spec(self.config, self.executor.nodes),
+                             config=self.config.core_config())
         self._spawn(self._expire_leases())
         return await self.info()
 
     async def info(self) -> dict:
         return {"session": self.session, "worker_groups": sorted(self.executor.services),
-                "lease_s": self.config.lease_s}
+                "nodes": dict(self.executor.nodes), "lease_s": self.config.lease_s}
 
     # -- what jobs ask ----------------------------------------------------------------------
     async def register(self, request: JobRequest) -> Ticket:

@@ -1,8 +1,9 @@
 """The one executor of the runtime: worker groups reserved on Ray, and decisions as actor calls.
 
-Owns: reserving each worker group with a Ray placement group (one bundle of its devices:
-GPUs where the cluster has them, else the ``plexrl_device`` resource that stands for an
-emulated device), starting one service actor per group inside its reservation, and turning
+Owns: reserving the worker groups with one Ray placement group (a bundle of each group's
+devices, so a group sits on one node: GPUs where the cluster has them, else the
+``plexrl_device`` resource that stands for an emulated device), spread over the nodes,
+starting one service actor per group inside its bundle, on that node, and turning
 ``Dispatch`` / ``Move`` / binding into calls on that actor, each answered by an object
 reference. Must not know: why a decision was made, or what a call computes.
 """
@@ -14,58 +15,68 @@ import shutil
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (placement_group, placement_group_table,
+                                      remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from plexrl.core.decisions import Move
 from plexrl.errors import ConfigError
 from plexrl.protocol import WorkerGroupId
-from plexrl.runtime.config import NODE, RuntimeConfig
+from plexrl.runtime.config import RuntimeConfig
 from plexrl.runtime.jobs import CallOrder
 from plexrl.runtime.service_actor import ServiceActor
 
 DEVICE_RESOURCE = "plexrl_device"   #: the Ray resource of one emulated device
+_STRATEGIES = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD", "pack": "PACK"}
 READY_TIMEOUT_S = 60.0
 
 
 class Executor:
-    def __init__(self, services: dict[WorkerGroupId, object], groups: list, host_root: Path):
+    def __init__(self, services: dict[WorkerGroupId, object], nodes: dict[WorkerGroupId, str],
+                 reservation, host_root: Path):
         self.services = services
-        self._groups = groups
+        self.nodes = nodes           #: the Ray node each worker group sits on
+        self._reservation = reservation
         self._host_root = host_root
 
     @classmethod
     async def start(cls, config: RuntimeConfig, session: str) -> "Executor":
-        """Reserve every worker group and start its service actor; wait until all answer."""
+        """Reserve every worker group (one bundle of its devices each, spread over the nodes
+        as ``config.group_spread`` says) and start its service actor on the node it got;
+        wait until all answer."""
         resource = "GPU" if ray.cluster_resources().get("GPU") else DEVICE_RESOURCE
+        bundles = [{resource: g.num_devices} for g in config.worker_groups]
+        pg = placement_group(bundles, strategy=_STRATEGIES[config.group_spread],
+                             name=f"plexrl-{session}-groups")
+        try:
+            await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            remove_placement_group(pg)
+            have = ray.cluster_resources().get(resource, 0)
+            raise ConfigError(
+                f"the worker groups could not reserve {[b[resource] for b in bundles]} {resource} "
+                f"({config.group_spread}) within {READY_TIMEOUT_S:.0f} s; the cluster has "
+                f"{have:g}", field="worker_groups", value=[g.name for g in config.worker_groups],
+                fix=f"start Ray with resources={{'{resource}': N}} on enough nodes, or ask for "
+                "fewer devices") from None
+        placed = placement_group_table(pg)["bundles_to_node_id"]
         actor = ray.remote(ServiceActor)
-        services, groups = {}, []
-        for group in config.worker_groups:
-            bundle = {resource: group.num_devices}
-            pg = placement_group([bundle], strategy="STRICT_PACK", name=f"{session}-{group.name}")
-            groups.append(pg)
-            try:
-                await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                have = ray.cluster_resources().get(resource, 0)
-                raise ConfigError(
-                    f"worker group {group.name} could not reserve {group.num_devices} "
-                    f"{resource} within {READY_TIMEOUT_S:.0f} s (the cluster has {have:g})",
-                    field="worker_groups", value=group.name,
-                    fix=f"start Ray with resources={{'{resource}': N}} or ask for fewer devices"
-                ) from None
-            options = {resource: group.num_devices} if resource != "GPU" else {}
-            services[WorkerGroupId(group.name)] = actor.options(
-                name=f"{session}-service-{group.name}", num_cpus=0,
+        services, nodes = {}, {}
+        host_root = Path(config.host_root) / f"plexrl-{session}"
+        for index, group in enumerate(config.worker_groups):
+            wg = WorkerGroupId(group.name)
+            nodes[wg] = placed[index]
+            services[wg] = actor.options(
+                name=f"plexrl-{session}-service-{group.name}", num_cpus=0,
                 num_gpus=group.num_devices if resource == "GPU" else 0,
-                resources=options, max_concurrency=1000,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0),
+                resources={resource: group.num_devices} if resource != "GPU" else {},
+                max_concurrency=1000,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
             ).remote(group.name, config.device_bytes * group.num_devices,
-                     str(Path(config.host_root) / f"plexrl-{session}" / NODE / group.name),
-                     config.threads, config.skip_onload)
+                     str(host_root / nodes[wg] / group.name), config.threads, config.skip_onload)
         await asyncio.gather(*(s.ready.remote() for s in services.values()))
-        return cls(services, groups, Path(config.host_root) / f"plexrl-{session}")
+        return cls(services, nodes, pg, host_root)
 
     def bind(self, wg: WorkerGroupId, *args):
         return self.services[wg].bind.remote(*args)
@@ -89,7 +100,6 @@ class Executor:
                              return_exceptions=True)
         for service in self.services.values():
             ray.kill(service)
-        for pg in self._groups:
-            remove_placement_group(pg)
+        remove_placement_group(self._reservation)
         shutil.rmtree(self._host_root, ignore_errors=True)
 

@@ -96,9 +96,11 @@ class Service:
                 continue   # reserved per call (workspace), never a standing buffer
             if num_bytes != 4 * shapes[state]:
                 raise CallError(f"job {job}: the core counts {num_bytes} bytes for {state} of "
-                                f"{role}/{copy}, the engine needs {4 * shapes[state]}; the "
+                                f"{role}/{copy}, the engine needs {4 * shapes[state]}; either the "
                                 "ModelSpec does not describe this model (build it with "
-                                "plexrl.runtime.models.model_spec)", job=job)
+                                "plexrl.runtime.models.model_spec) or the worker group holds "
+                                "several data-parallel replicas, and a service runs one: give "
+                                "it one device per replica (tp x pp)", job=job)
             init = model.initial_weights if state == State.WEIGHTS else num_bytes
             self.store.create(_name(StateKey(job, role, copy, state)), init, tier=Tier.HOST)
 
@@ -117,7 +119,8 @@ class Service:
             self._save_generator(key.job)   # the sampling generator travels with its copy
         if dst == Tier.DEVICE and str(key.state) in self.skip_onload:
             self.store.tensor(name).zero_()   # fault injection: as if the bytes never came back
-        self.log.append({"key": str(key), "job": key.job, "state": f"{key.copy}/{key.state}",
+        self.log.append({"key": str(key), "job": key.job, "wg": self.wg,
+                         "state": f"{key.copy}/{key.state}",
                          "src": str(src), "dst": str(dst), "reason": reason,
                          "num_bytes": moved.num_bytes, "end_s": time.monotonic(),
                          "seconds": moved.seconds, "src_ptr": before,

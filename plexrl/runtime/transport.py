@@ -21,10 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from plexrl.errors import CallError, ServiceLost
 from plexrl.protocol import CallRequest, JobRequest, Ticket
-from plexrl.runtime.config import NODE, RuntimeConfig
+from plexrl.runtime.config import RuntimeConfig
 from plexrl.runtime.controller import Controller
 from plexrl.runtime.executor import DEVICE_RESOURCE
 
@@ -59,8 +60,10 @@ class RayTransport:
         if controller is None:
             self.session = secrets.token_hex(4)
             controller = f"plexrl-controller-{self.session}"
-            self.controller = ray.remote(Controller).options(
+            self.controller = ray.remote(Controller).options(   # on this driver's node
                 name=controller, num_cpus=0, max_concurrency=1000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True),
             ).remote(self.config, self.session)
             self.info = ray.get(self.controller.start.remote())
         else:
@@ -129,7 +132,7 @@ class RayTransport:
 
     def host_dir(self, wg: str) -> Path:
         """Where a worker group's HOST copies live (they outlive its service actor)."""
-        return Path(self.config.host_root) / f"plexrl-{self.session}" / NODE / wg
+        return Path(self.config.host_root) / f"plexrl-{self.session}" / self.info["nodes"][wg] / wg
 
     def close(self) -> None:
         """Stop renewing; shut the controller and its services down if this connection
