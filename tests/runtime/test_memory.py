@@ -17,5 +17,6 @@ def test_resident_memory_after_50_swap_cycles_is_within_5_percent_of_cycle_5(con
         if cycle in (5, 50):
             rss[cycle] = runtime.inspect("bytes")["wg0"]["rss_bytes"]
             moves[cycle] = len(runtime.inspect("transitions"))
+    print(f"rss after cycle 5 {rss[5]} B, after cycle 50 {rss[50]} B; moves {moves}")
     assert moves[50] - moves[5] >= 45 * 2 * 8          # every State of both jobs, both ways
     assert abs(rss[50] - rss[5]) <= 0.05 * rss[5], rss
