@@ -7,6 +7,7 @@ for one node of this runtime. Must not know: Ray, torch, or how a call runs.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 
 from plexrl.config import option
@@ -36,6 +37,10 @@ class RuntimeConfig:
     queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
     prefetch: bool = option(True, doc="onload the next call's states while one runs")
     host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
+    disk_bytes: int = option(64 << 30, unit="bytes", min=0,
+                             doc="disk for spilled states, per node (the core plans against it)")
+    spill_root: str = option(tempfile.gettempdir(),
+                             doc="directory of spill files; each session makes its own under it")
     check_invariants: bool = option(False, doc="check the core's invariants every cycle (tests)")
     skip_onload: tuple[str, ...] = option(
         (), doc="fault injection for tests: States whose onload copies no bytes (zeroed)")
@@ -62,7 +67,7 @@ def cluster_spec(config: RuntimeConfig) -> ClusterSpec:
     rates = {Direction.ONLOAD: config.bytes_per_s, Direction.OFFLOAD: config.bytes_per_s,
              Direction.SPILL: config.bytes_per_s / 4, Direction.RESTORE: config.bytes_per_s / 4}
     node = NodeSpec(node=NODE, num_devices=config.num_devices, device=device,
-                    host_bytes=config.host_bytes, disk_bytes=0, bytes_per_s=rates)
+                    host_bytes=config.host_bytes, disk_bytes=config.disk_bytes, bytes_per_s=rates)
     groups = {WorkerGroupId(g.name): WorkerGroupSpec(wg=WorkerGroupId(g.name), nodes=(NODE,),
                                                      num_devices=g.num_devices)
               for g in config.worker_groups}

@@ -29,10 +29,11 @@ READY_TIMEOUT_S = 60.0
 
 
 class Executor:
-    def __init__(self, services: dict[WorkerGroupId, object], groups: list, host_root: Path):
+    def __init__(self, services: dict[WorkerGroupId, object], groups: list, host_root: Path,
+                 spill_root: Path | None = None):
         self.services = services
         self._groups = groups
-        self._host_root = host_root
+        self._host_root, self._spill_root = host_root, spill_root
 
     @classmethod
     async def start(cls, config: RuntimeConfig, session: str) -> "Executor":
@@ -40,6 +41,7 @@ class Executor:
         resource = "GPU" if ray.cluster_resources().get("GPU") else DEVICE_RESOURCE
         actor = ray.remote(ServiceActor)
         services, groups = {}, []
+        spill = Path(config.spill_root) / f"plexrl-{session}"   # per session, per group below
         for group in config.worker_groups:
             bundle = {resource: group.num_devices}
             pg = placement_group([bundle], strategy="STRICT_PACK", name=f"{session}-{group.name}")
@@ -63,9 +65,9 @@ class Executor:
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
             ).remote(group.name, config.device_bytes * group.num_devices,
                      str(Path(config.host_root) / f"plexrl-{session}" / NODE / group.name),
-                     config.threads, config.skip_onload)
+                     config.threads, config.skip_onload, str(spill / NODE / group.name))
         await asyncio.gather(*(s.ready.remote() for s in services.values()))
-        return cls(services, groups, Path(config.host_root) / f"plexrl-{session}")
+        return cls(services, groups, Path(config.host_root) / f"plexrl-{session}", spill)
 
     def bind(self, wg: WorkerGroupId, *args):
         return self.services[wg].bind.remote(*args)
@@ -92,4 +94,6 @@ class Executor:
         for pg in self._groups:
             remove_placement_group(pg)
         shutil.rmtree(self._host_root, ignore_errors=True)
+        if self._spill_root is not None:
+            shutil.rmtree(self._spill_root, ignore_errors=True)
 
