@@ -7,6 +7,7 @@ once the worker groups have their nodes. Must not know: Ray, torch, or how a cal
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 
 from plexrl.config import option
@@ -38,9 +39,15 @@ class RuntimeConfig:
     queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
     prefetch: bool = option(True, doc="onload the next call's states while one runs")
     host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
+    disk_bytes: int = option(64 << 30, unit="bytes", min=0,
+                             doc="disk for spilled states, per node (the core plans against it)")
+    spill_root: str = option(tempfile.gettempdir(),
+                             doc="directory of spill files; each session makes its own under it")
     check_invariants: bool = option(False, doc="check the core's invariants every cycle (tests)")
     skip_onload: tuple[str, ...] = option(
         (), doc="fault injection for tests: States whose onload copies no bytes (zeroed)")
+    fail_at: tuple[str, ...] = option(
+        (), doc="fault injection for tests: store failure points, each fires once (tiers.py)")
     bytes_per_s: float = option(8e9, unit="bytes/s", min=1,
                                 doc="nominal host<->device copy rate, until measured")
     lease_s: float = option(30.0, unit="s", min=0.1,
@@ -73,7 +80,7 @@ def cluster_spec(config: RuntimeConfig, nodes: dict[str, str]) -> ClusterSpec:
     for group in groups.values():
         devices[group.nodes[0]] = devices.get(group.nodes[0], 0) + group.num_devices
     return ClusterSpec(nodes={node: NodeSpec(node=node, num_devices=count, device=device,
-                                             host_bytes=config.host_bytes, disk_bytes=0,
+                                             host_bytes=config.host_bytes, disk_bytes=config.disk_bytes,
                                              bytes_per_s=rates)
                               for node, count in devices.items()},
                        worker_groups=groups)

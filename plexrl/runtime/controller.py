@@ -44,6 +44,7 @@ class Controller:
         self.executor: Executor | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
+        self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
 
     async def start(self) -> dict:
         self.executor = await Executor.start(self.config, self.session)
@@ -124,10 +125,10 @@ class Controller:
     async def inspect(self, what: str):
         if what == "calls":
             return list(self.call_log)
-        if what == "transitions":
-            logs = await asyncio.gather(*(s.transitions.remote()
+        if what in ("transitions", "failed-transitions"):
+            logs = await asyncio.gather(*(s.transitions.remote(what != "transitions")
                                           for s in self.executor.services.values()))
-            return sorted((t for log in logs for t in log), key=lambda t: t["end_s"])
+            return sorted((t for log in logs for t in log), key=lambda t: t.get("end_s", 0))
         if what == "bytes":
             stats = await asyncio.gather(*(s.stats.remote()
                                            for s in self.executor.services.values()))
@@ -139,7 +140,7 @@ class Controller:
                                for k, v in self.snap.states.items()},
                     "queued": len(self.snap.queued), "running": len(self.snap.running)}
         raise ConfigError("nothing to inspect by this name", value=what,
-                          fix="one of calls, transitions, bytes, status")
+                          fix="one of calls, transitions, failed-transitions, bytes, status")
 
     async def service(self, wg: str):
         """The handle of a worker group's service actor (tests, tools)."""
@@ -254,7 +255,7 @@ class Controller:
                                          "group (SYNC_WEIGHTS is a local copy)", job=job)
             await asyncio.gather(*(self.executor.bind(
                 record.groups[(role, copy)], job, record.token, role, copy, spec,
-                record.request.seed, self._sizes(job, role, copy))
+                record.request.seed, self._sizes(job, role, copy), self._tiers(job, role, copy))
                 for role, spec in record.request.models for copy in copies_of(role, spec)))
         except Exception as err:   # a service refused: nothing of the job stays behind
             await self._end_job(job, record, err)
@@ -262,6 +263,11 @@ class Controller:
                 record.placed.set_exception(err)
             return
         record.placed.set_result(Ticket(job, record.token))
+
+    def _tiers(self, job: JobId, role, copy) -> dict[State, Tier]:
+        """Where the core put each State at placement (HOST, or DISK when host is short)."""
+        return {s: self.snap.states[StateKey(job, role, copy, s)].tier for s in State
+                if StateKey(job, role, copy, s) in self.snap.states}
 
     def _sizes(self, job: JobId, role, copy) -> dict[State, int]:
         """The bytes the core counts for each State of a copy (the service must agree)."""
@@ -297,10 +303,29 @@ class Controller:
             except ray.exceptions.RayActorError as err:
                 self._lost(move.wg, err)
                 return
+            except Exception as err:   # the previous copy is still current (tiers.py)
+                self._move_failed(move, err)
+                return
+        self._failed_moves.pop(move.key, None)
         self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.dst,
                                          num_bytes=move.num_bytes, at=time.monotonic(),
                                          duration_s=seconds))
         self._plan()
+
+    def _move_failed(self, move: Move, err: Exception) -> None:
+        """Undo the assumed move (the State stays where it was) and let the core plan it
+        again; a State whose move fails twice running ends its job with the error."""
+        if move.key not in self.snap.states:
+            return
+        self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.src, num_bytes=0,
+                                         at=time.monotonic(), duration_s=0.0))
+        self._failed_moves[move.key] = self._failed_moves.get(move.key, 0) + 1
+        record = self.jobs.get(move.key.job)
+        if self._failed_moves[move.key] >= 2 and record is not None:
+            self._failed_moves.pop(move.key)
+            self._spawn(self._end_job(move.key.job, record, _cause(err)))
+        else:
+            self._plan()
 
     # -- endings -----------------------------------------------------------------------------
     async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
@@ -333,3 +358,8 @@ class Controller:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _cause(err: Exception) -> Exception:
+    """The runtime's own error inside Ray's wrapper."""
+    return getattr(err, "cause", None) or err

@@ -33,11 +33,11 @@ READY_TIMEOUT_S = 60.0
 
 class Executor:
     def __init__(self, services: dict[WorkerGroupId, object], nodes: dict[WorkerGroupId, str],
-                 reservation, host_root: Path):
+                 reservation, host_root: Path, spill_root: Path):
         self.services = services
         self.nodes = nodes           #: the Ray node each worker group sits on
         self._reservation = reservation
-        self._host_root = host_root
+        self._host_root, self._spill_root = host_root, spill_root
 
     @classmethod
     async def start(cls, config: RuntimeConfig, session: str) -> "Executor":
@@ -63,6 +63,7 @@ class Executor:
         actor = ray.remote(ServiceActor)
         services, nodes = {}, {}
         host_root = Path(config.host_root) / f"plexrl-{session}"
+        spill_root = Path(config.spill_root) / f"plexrl-{session}"
         for index, group in enumerate(config.worker_groups):
             wg = WorkerGroupId(group.name)
             nodes[wg] = placed[index]
@@ -74,9 +75,10 @@ class Executor:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, index),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
             ).remote(group.name, config.device_bytes * group.num_devices,
-                     str(host_root / nodes[wg] / group.name), config.threads, config.skip_onload)
+                     str(host_root / nodes[wg] / group.name), config.threads, config.skip_onload,
+                     str(spill_root / nodes[wg] / group.name), config.fail_at)
         await asyncio.gather(*(s.ready.remote() for s in services.values()))
-        return cls(services, nodes, pg, host_root)
+        return cls(services, nodes, pg, host_root, spill_root)
 
     def bind(self, wg: WorkerGroupId, *args):
         return self.services[wg].bind.remote(*args)
@@ -102,4 +104,5 @@ class Executor:
             ray.kill(service)
         remove_placement_group(self._reservation)
         shutil.rmtree(self._host_root, ignore_errors=True)
+        shutil.rmtree(self._spill_root, ignore_errors=True)
 

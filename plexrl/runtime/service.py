@@ -5,7 +5,8 @@ Owns: the jobs bound here (their token, an ``Engine`` per model, a sampling ``to
 per policy, the number of optimizer steps applied), the check that a call carries its job's
 token and comes in its job's order, running each Function on the flat State buffers of the
 ``StateStore``, the device reserve a call holds while it runs, and a log of every transition
-(which bytes went from which storage to which). Runs as a threaded Ray actor: a call computes
+(which bytes went from which storage to which: a buffer's address, or a spill file's path,
+with the checksum of spilled and restored bytes). Its spill files live under ``spill_root``. Runs as a threaded Ray actor: a call computes
 on one thread while prefetch copies other States on another.
 Must not know: the Snapshot, policies, other worker groups, why a call or a move was chosen.
 """
@@ -29,6 +30,7 @@ from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSp
 from plexrl.runtime.engine import Engine
 from plexrl.runtime.jobs import CallOrder, copies_of
 from plexrl.runtime.device import DeviceMemory
+from plexrl.runtime.disk import DiskStore
 from plexrl.runtime.host import HostStore
 from plexrl.runtime.tiers import StateStore
 
@@ -52,13 +54,17 @@ class HostedJob:
 
 class Service:
     def __init__(self, wg: str, budget_bytes: int, host_root: str, threads: int,
-                 skip_onload: tuple[str, ...] = ()):
+                 skip_onload: tuple[str, ...] = (), spill_root: str | None = None,
+                 fail_at: tuple[str, ...] = ()):
         torch.set_num_threads(threads)
         self.wg, self.threads = wg, threads
-        self.store = StateStore(DeviceMemory(budget_bytes), HostStore(host_root))
+        self.store = StateStore(DeviceMemory(budget_bytes), HostStore(host_root),
+                                disk=DiskStore(spill_root) if spill_root else None,
+                                fail_at=fail_at)
         self.skip_onload = set(skip_onload)
         self.jobs: dict[JobId, HostedJob] = {}
         self.log: list[dict] = []
+        self.failed: list[dict] = []   #: transitions that raised, in order
         self._lock = threading.Lock()
 
     def ready(self) -> dict:
@@ -66,11 +72,14 @@ class Service:
 
     def close(self) -> None:
         self.store.host.close()
+        if self.store.disk is not None:
+            self.store.disk.close()
 
     # -- jobs ---------------------------------------------------------------------------------
     def bind(self, job: JobId, token: str, role: Role, copy: Copy, spec: ModelSpec, seed: int,
-             sizes: dict[State, int]) -> None:
-        """Create one copy's States on HOST: the seeded initial weights, zero grads and moments.
+             sizes: dict[State, int], tiers: dict[State, Tier] | None = None) -> None:
+        """Create one copy's States: the seeded initial weights, zero grads and moments, each
+        on the tier the core put it (``tiers``; HOST where not given).
 
         Serialised: building a model seeds torch's global generator, which two threads must
         not do at once (the weights would depend on their interleaving)."""
@@ -81,13 +90,13 @@ class Service:
                 hosted.models[role] = HostedModel(engine, torch.Generator().manual_seed(seed),
                                                   engine.initial_weights())
             model = hosted.models[role]
-            self._create(job, role, copy, model, sizes)
+            self._create(job, role, copy, model, sizes, tiers or {})
             model.bound.add(copy)
             if model.bound == set(copies_of(role, spec)):
                 model.initial_weights = None
 
     def _create(self, job: JobId, role: Role, copy: Copy, model: "HostedModel",
-                sizes: dict[State, int]) -> None:
+                sizes: dict[State, int], tiers: dict[State, Tier]) -> None:
         engine = model.engine
         shapes = {State.WEIGHTS: engine.numel, State.GRADS: engine.numel,
                   State.OPTIMIZER: engine.optimizer_numel}
@@ -102,7 +111,8 @@ class Service:
                                 "several data-parallel replicas, and a service runs one: give "
                                 "it one device per replica (tp x pp)", job=job)
             init = model.initial_weights if state == State.WEIGHTS else num_bytes
-            self.store.create(_name(StateKey(job, role, copy, state)), init, tier=Tier.HOST)
+            self.store.create(_name(StateKey(job, role, copy, state)), init,
+                              tier=tiers.get(state, Tier.HOST))
 
     def unbind(self, job: JobId) -> None:
         with self._lock:
@@ -113,8 +123,13 @@ class Service:
     def move(self, key: StateKey, src: Tier, dst: Tier, reason: str) -> dict:
         """Copy a State into storage of the other tier; logs both buffers' addresses."""
         name = _name(key)
-        before = self.store.read(name).ctypes.data
-        moved = self.store.move(name, dst)
+        before = self.store.location(name)
+        try:
+            moved = self.store.move(name, dst)
+        except Exception as err:   # the previous copy stays current; the controller replans
+            self.failed.append({"key": str(key), "src": str(src), "dst": str(dst),
+                                "error": type(err).__name__})
+            raise
         if key.copy == Copy.ROLLOUT and key.state == State.WEIGHTS and dst == Tier.HOST:
             self._save_generator(key.job)   # the sampling generator travels with its copy
         if dst == Tier.DEVICE and str(key.state) in self.skip_onload:
@@ -124,7 +139,7 @@ class Service:
                          "src": str(src), "dst": str(dst), "reason": reason,
                          "num_bytes": moved.num_bytes, "end_s": time.monotonic(),
                          "seconds": moved.seconds, "src_ptr": before,
-                         "dst_ptr": self.store.read(name).ctypes.data})
+                         "dst_ptr": self.store.location(name), "checksum": moved.checksum})
         return {"seconds": moved.seconds, "num_bytes": moved.num_bytes}
 
     def _save_generator(self, job: JobId) -> None:
@@ -132,8 +147,9 @@ class Service:
         if hosted is not None and Role.POLICY in hosted.models:
             self.store.save_rng(job, hosted.models[Role.POLICY].generator)
 
-    def transitions(self) -> list[dict]:
-        return list(self.log)
+    def transitions(self, failed: bool = False) -> list[dict]:
+        """Every transition done (or, ``failed``, every one that raised)."""
+        return list(self.failed if failed else self.log)
 
     def stats(self) -> dict:
         """Bytes held per tier (every copy counted), States, and this process's resident memory."""

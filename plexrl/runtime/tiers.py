@@ -3,9 +3,12 @@
 Owns: per State (named by ``str(StateKey)``, e.g. ``job-1/policy/trainer/weights``) its one
 current copy (tier, version, buffer) and its older copies, read-only and counted until
 ``release``; ``move`` really copies the bytes into a buffer of the other tier with a single
-``copy_``; the pins that keep a State from moving while a call computes on it; a job's RNG
+``copy_`` (HOST<->DEVICE) or spills them to a checksummed file and restores them (HOST<->DISK,
+``DiskStore``; DEVICE and DISK meet only through HOST); the pins that keep a State from moving while a call computes on it; a job's RNG
 state (a side slot on HOST). Device bytes come from ``DeviceMemory``, host bytes from
-``HostStore``; this module only keeps the books.
+``HostStore``, spill files from ``DiskStore``; this module only keeps the books. A move that
+fails (out of memory, a bad checksum, an injected ``fail_at`` point) leaves the previous
+copy current and unchanged and releases the partial new one.
 
 Versions: ``create`` makes version 1; every move makes a new copy with the next version. By
 default a move releases the old copy once the new one is complete (``keep_older=True``, or
@@ -13,8 +16,8 @@ default a move releases the old copy once the new one is complete (``keep_older=
 move both copies exist and both budgets are charged.
 
 Thread-safe: one lock guards the books and is never held during a copy or a fresh
-allocation, so a move of one State runs while a call computes on others. DISK is a later
-issue (``TierNotAvailable``). Must not know: Ray, scheduling, engines, models.
+allocation, so a move of one State runs while a call computes on others.
+Must not know: Ray, scheduling, engines, models.
 """
 
 from __future__ import annotations
@@ -27,93 +30,33 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from plexrl.errors import PlexError
 from plexrl.protocol import Tier
-from plexrl.runtime.device import DeviceMemory, DeviceOutOfMemory, DeviceStats
+from plexrl.runtime.device import DeviceMemory, DeviceOutOfMemory
+from plexrl.runtime.disk import (ChecksumMismatch, DiskFile, DiskOutOfSpace, DiskStore,
+                                 FailPoints, InjectedFailure, NoDirectPath)
 from plexrl.runtime.host import HostBuffer, HostOutOfMemory, HostStore
+from plexrl.runtime.store_types import (CopyInfo, MoveResult, NotResident, StateBusy,
+                                        StoreStats, UnknownState)
 
 __all__ = ["StateStore", "MoveResult", "CopyInfo", "StoreStats", "NotResident", "StateBusy",
-           "UnknownState", "TierNotAvailable", "DeviceOutOfMemory", "HostOutOfMemory"]
+           "UnknownState", "DeviceOutOfMemory", "HostOutOfMemory", "ChecksumMismatch",
+           "DiskOutOfSpace", "InjectedFailure", "NoDirectPath"]
 
-
-class NotResident(PlexError, LookupError):
-    """A State's current copy is not on DEVICE, so no call may compute on it."""
-
-    def __init__(self, key: str, tier: Tier):
-        super().__init__(f"{key} is on {tier}, not on device; fix: move it to device first")
-        self.key, self.tier = key, tier
-
-
-class StateBusy(PlexError, RuntimeError):
-    """A State is moving, or pinned by a running call, so this operation must wait."""
-
-    def __init__(self, key: str, doing: str, why: str):
-        super().__init__(f"cannot {doing} {key}: it is {why}; fix: wait until it finishes")
-        self.key, self.doing, self.why = key, doing, why
-
-
-class UnknownState(PlexError, LookupError):
-    """No State (or no copy of that version) by that name in this store."""
-
-    def __init__(self, key: str, version: int | None = None):
-        what = key if version is None else f"{key} version {version}"
-        super().__init__(f"no State {what} in this store")
-        self.key, self.version = key, version
-
-
-class TierNotAvailable(PlexError, NotImplementedError):
-    """A tier this store does not keep yet (DISK comes in a later issue)."""
-
-    def __init__(self, tier: Tier):
-        super().__init__(f"tier {tier} is not implemented yet (spill/restore to DISK comes in "
-                         f"a later issue); fix: keep States on device or host")
-        self.tier = tier
-
-
-@dataclass(frozen=True)
-class MoveResult:
-    """One finished transition: ``num_bytes`` copied in ``seconds`` (the copy alone)."""
-
-    key: str
-    src: Tier
-    dst: Tier
-    version: int          #: version of the new current copy
-    num_bytes: int        #: bytes copied (0 for a State rebuilt from DROPPED)
-    seconds: float        #: wall seconds of the copy
-
-
-@dataclass(frozen=True)
-class CopyInfo:
-    """One copy of a State: where, which version, whether it is the current one."""
-
-    tier: Tier
-    version: int
-    num_bytes: int
-    current: bool
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    """Bytes per tier and copies, at one moment."""
-
-    device: DeviceStats
-    host_used_bytes: int        #: every copy on HOST, current and older
-    host_pooled_bytes: int      #: free HOST buffers kept for reuse
-    host_num_allocated: int     #: HOST buffers ever created by this process
-    num_states: int
-    num_copies: int             #: current + older copies, all tiers
-    num_older: int              #: older (read-only) copies not yet released
+#: the transition a (src, dst) pair is, as named in failure points
+_KINDS = {(Tier.DEVICE, Tier.HOST): "offload", (Tier.HOST, Tier.DEVICE): "onload",
+          (Tier.HOST, Tier.DISK): "spill", (Tier.DISK, Tier.HOST): "restore",
+          (Tier.DROPPED, Tier.DEVICE): "rebuild", (Tier.DROPPED, Tier.HOST): "rebuild"}
 
 
 @dataclass(eq=False)
 class _Copy:
     tier: Tier
     version: int
-    buf: torch.Tensor | HostBuffer
+    buf: torch.Tensor | HostBuffer | DiskFile
 
     @property
     def data(self) -> torch.Tensor:
-        """The flat uint8 bytes of this copy."""
+        """The flat uint8 bytes of this copy (not of a DISK copy: read its file)."""
         return self.buf.tensor if isinstance(self.buf, HostBuffer) else self.buf
 
 
@@ -139,8 +82,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
 class StateStore:
     """Current and older copies of every State of the jobs bound to one worker group."""
 
-    def __init__(self, device: DeviceMemory, host: HostStore, keep_older: bool = False):
-        self.device, self.host, self.keep_older = device, host, keep_older
+    def __init__(self, device: DeviceMemory, host: HostStore, keep_older: bool = False,
+                 disk: DiskStore | None = None, fail_at: tuple[str, ...] = ()):
+        """``disk``: where States spill (none: DISK is refused); ``fail_at``: test-only
+        failure points (``disk.POINTS``), each failing the next move that reaches it."""
+        self.device, self.host, self.disk, self.keep_older = device, host, disk, keep_older
+        self.fail = FailPoints(fail_at)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
 
@@ -163,10 +110,15 @@ class StateStore:
             entry = _Entry(num_bytes, dtype, None, {}, 0, moving=True)
             self._entries[key] = entry
         try:
-            copy = self._new_copy(key, tier, num_bytes, 1)
-            if isinstance(init, torch.Tensor):
-                copy.data.view(dtype).copy_(init.reshape(-1))
+            if tier == Tier.DISK:       # written straight to its spill file
+                data = init.detach().reshape(-1).contiguous().cpu().view(torch.uint8) \
+                    if isinstance(init, torch.Tensor) else torch.zeros(num_bytes, dtype=torch.uint8)
+                copy = _Copy(tier, 1, self._disk().write(key, 1, data, dtype))
             else:
+                copy = self._new_copy(key, tier, num_bytes, 1)
+            if isinstance(init, torch.Tensor) and tier != Tier.DISK:
+                copy.data.view(dtype).copy_(init.reshape(-1))
+            elif tier != Tier.DISK:
                 copy.data.zero_()
             if tier == Tier.HOST:
                 self.host.publish(copy.buf, key, 1)
@@ -180,10 +132,12 @@ class StateStore:
         return CopyInfo(tier, 1, num_bytes, True)
 
     def move(self, key, dst: Tier, keep_old: bool | None = None) -> MoveResult:
-        """Copy ``key``'s current copy into a new buffer on ``dst`` and make that current.
-        The old copy is released, or kept read-only with ``keep_old`` (default: the
-        store's ``keep_older``). Raises ``DeviceOutOfMemory``/``HostOutOfMemory`` with
-        nothing changed, or ``StateBusy`` if the State is moving or pinned."""
+        """Copy ``key``'s current copy into a new buffer (or spill file) on ``dst`` and make
+        that current. The old copy is released, or kept read-only with ``keep_old`` (default:
+        the store's ``keep_older``). DEVICE<->DISK is refused (``NoDirectPath``). On any
+        failure (``DeviceOutOfMemory``, ``HostOutOfMemory``, ``DiskOutOfSpace``,
+        ``ChecksumMismatch``, ``InjectedFailure``) the old copy stays current and unchanged
+        and the new one is released; ``StateBusy`` if the State is moving or pinned."""
         key = str(key)
         if dst == Tier.DROPPED:
             src = self.where(key)
@@ -195,18 +149,32 @@ class StateStore:
             self._check_idle(key, entry, f"move to {dst}")
             if entry.tier == dst:
                 raise ValueError(f"{key} is already on {dst}")
+            if (entry.tier, dst) not in _KINDS:
+                raise NoDirectPath(key, entry.tier, dst)
             src, version = entry.current, entry.version + 1
+            kind = _KINDS[(entry.tier, dst)]
             entry.moving = True
-        new = None
+        new, checksum = None, ""
         try:
-            new = self._new_copy(key, dst, entry.num_bytes, version)
             start = time.perf_counter()
-            if src is None:
-                new.data.zero_()            # rebuilt from DROPPED: no bytes to copy
+            if dst == Tier.DISK:
+                new = _Copy(dst, version, self._disk().write(
+                    key, version, src.data, entry.dtype, lambda p: self.fail.hit(kind, p)))
+                checksum = new.buf.checksum
             else:
-                new.data.copy_(src.data)
-            if new.data.is_cuda or (src is not None and src.data.is_cuda):
-                torch.cuda.synchronize()
+                new = self._new_copy(key, dst, entry.num_bytes, version)
+                start = time.perf_counter()
+                if src is None:
+                    new.data.zero_()            # rebuilt from DROPPED: no bytes to copy
+                elif src.tier == Tier.DISK:
+                    checksum = self.disk.read_into(src.buf, new.data,
+                                                   lambda p: self.fail.hit(kind, p))
+                else:
+                    self.fail.copy(kind, new.data, src.data)
+                if new.data.is_cuda or (src is not None and src.tier != Tier.DISK
+                                        and src.data.is_cuda):
+                    torch.cuda.synchronize()
+                self.fail.hit(kind, "after_copy")
             seconds = time.perf_counter() - start
             if dst == Tier.HOST:
                 self.host.publish(new.buf, key, version)
@@ -224,7 +192,7 @@ class StateStore:
             self._free(key, src)
         num_bytes = 0 if src is None else entry.num_bytes
         return MoveResult(key, src.tier if src else Tier.DROPPED, dst, version, num_bytes,
-                          seconds)
+                          seconds, checksum)
 
     def release(self, key, version: int) -> None:
         """Release the older copy ``version`` of ``key``: its bytes and buffer go back."""
@@ -310,11 +278,24 @@ class StateStore:
             if not found:
                 raise UnknownState(key, version) if version is not None else \
                     NotResident(key, Tier.DROPPED)
-            copy = found[0]
-            data = copy.data.view(entry.dtype)
+            copy, dtype = found[0], entry.dtype
+            if copy.tier == Tier.DISK:
+                disk_file = copy.buf
+            else:
+                data = copy.data.view(dtype)
+        if copy.tier == Tier.DISK:      # the file's bytes, mapped read-only
+            return self._disk().view(disk_file).view(torch.empty(0, dtype=dtype).numpy().dtype)
         view = (data.cpu() if data.is_cuda else data).numpy().view()
         view.flags.writeable = False
         return view
+
+    def location(self, key) -> int | str:
+        """Where the current copy's bytes are: a buffer's address, or a spill file's path."""
+        with self._lock:
+            current = self._entry(str(key)).current
+        if current is None:
+            return 0
+        return str(current.buf.path) if current.tier == Tier.DISK else current.data.data_ptr()
 
     def where(self, key) -> Tier:
         with self._lock:
@@ -339,8 +320,9 @@ class StateStore:
             num_copies = num_older + sum(e.current is not None for e in self._entries.values())
             num_states = len(self._entries)
         used, pooled, allocated = self.host.counts()
+        disk_used, disk_files, _ = self.disk.counts() if self.disk else (0, 0, 0)
         return StoreStats(self.device.stats(), used, pooled, allocated, num_states, num_copies,
-                          num_older)
+                          num_older, disk_used, disk_files)
 
     # --- RNG side slot --------------------------------------------------------------------
 
@@ -391,13 +373,19 @@ class StateStore:
             return _Copy(tier, version, self.device.alloc(num_bytes, what=key))
         if tier == Tier.HOST:
             return _Copy(tier, version, self.host.alloc(num_bytes))
-        if tier == Tier.DISK:
-            raise TierNotAvailable(tier)
         raise ValueError(f"{key}: cannot create a copy on {tier}")
+
+    def _disk(self) -> DiskStore:
+        if self.disk is None:
+            raise ValueError("this store has no spill directory; fix: pass "
+                             "StateStore(..., disk=DiskStore(root))")
+        return self.disk
 
     def _free(self, key: str, copy: _Copy) -> None:
         if copy.tier == Tier.DEVICE:
             self.device.free(copy.buf)
+        elif copy.tier == Tier.DISK:
+            self.disk.remove(copy.buf)
         else:
             self.host.unpublish(key, copy.version)
             self.host.free(copy.buf)

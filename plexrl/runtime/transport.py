@@ -63,7 +63,7 @@ class RayTransport:
             self.controller = ray.remote(Controller).options(   # on this driver's node
                 name=controller, num_cpus=0, max_concurrency=1000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True),
+                    ray.get_runtime_context().get_node_id(), soft=False),
             ).remote(self.config, self.session)
             self.info = ray.get(self.controller.start.remote())
         else:

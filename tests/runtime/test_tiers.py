@@ -22,8 +22,7 @@ from plexrl.errors import PlexError
 from plexrl.protocol import Copy, Role, State, StateKey, Tier
 from plexrl.runtime.device import DeviceMemory, DeviceOutOfMemory, dispatch_reserve_bytes
 from plexrl.runtime.host import HostOutOfMemory, HostStore
-from plexrl.runtime.tiers import (NotResident, StateBusy, StateStore, TierNotAvailable,
-                                  UnknownState)
+from plexrl.runtime.tiers import NoDirectPath, NotResident, StateBusy, StateStore, UnknownState
 
 MIB = 1 << 20
 W = StateKey("job-1", Role.POLICY, Copy.TRAINER, State.WEIGHTS)
@@ -242,7 +241,7 @@ def test_drop_keeps_the_state_known_and_rebuilds_zeroed(root):
     assert out.num_bytes == 0 and torch.count_nonzero(store.tensor(W)) == 0
 
 
-def test_a_pinned_state_does_not_move_and_disk_is_not_built(root):
+def test_a_pinned_state_does_not_move_and_device_does_not_spill_directly(root):
     store = make_store(root)
     store.create(W, 4096)
     with store.use(W) as (weights,):
@@ -251,8 +250,10 @@ def test_a_pinned_state_does_not_move_and_disk_is_not_built(root):
             store.move(W, Tier.HOST)
         with pytest.raises(StateBusy):
             store.forget("job-1")
-    with pytest.raises(TierNotAvailable, match="later issue"):
-        store.move(W, Tier.DISK)
+    with pytest.raises(NoDirectPath, match="fix: move it to host first"):
+        store.move(W, Tier.DISK)              # DISK is reached only through HOST
+    with pytest.raises(ValueError, match="no spill directory"):
+        store.create(OTHER, 4096, tier=Tier.DISK)
     assert store.where(W) == Tier.DEVICE and store.stats().device.used_bytes == 4096
     store.move(W, Tier.HOST)
 
