@@ -262,6 +262,7 @@ class Controller:
             if not record.placed.done():
                 record.placed.set_exception(err)
             return
+        record.renewed_at = time.monotonic()   # the lease runs from when the driver can renew
         record.placed.set_result(Ticket(job, record.token))
 
     def _tiers(self, job: JobId, role, copy) -> dict[State, Tier]:

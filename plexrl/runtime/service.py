@@ -155,7 +155,8 @@ class Service:
         """Bytes held per tier (every copy counted), States, and this process's resident memory."""
         stats = self.store.stats()
         return {"device_bytes": stats.device.used_bytes, "reserved_bytes": stats.device.reserved_bytes,
-                "host_bytes": stats.host_used_bytes, "num_states": stats.num_states,
+                "host_bytes": stats.host_used_bytes, "disk_bytes": stats.disk_used_bytes,
+                "disk_files": stats.disk_num_files, "num_states": stats.num_states,
                 "num_copies": stats.num_copies, "jobs": sorted(self.jobs),
                 "rss_bytes": psutil.Process().memory_info().rss}
 

@@ -101,6 +101,7 @@ class RayTransport:
             self._routes[ticket.job] = {(role, copy): service
                                         for role, copy, service in got.result()}
             self._tickets[ticket.job] = ticket
+            self.controller.renew.remote([ticket])
         except Exception as err:
             _set(out, error=_unwrap(err))
             return

@@ -11,6 +11,7 @@ from pathlib import Path
 import ray
 
 import grpo_like
+from test_equivalence import JOB_BYTES
 from plexrl.runtime.models import model_spec
 
 SPEC = model_spec("policy", source="tiny-qwen2")
@@ -18,13 +19,12 @@ SPEC = model_spec("policy", source="tiny-qwen2")
 ORPHAN = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    import grpo_like
     from plexrl.client import Runtime
     from plexrl.runtime.models import model_spec
     from plexrl.runtime.transport import RayTransport
     runtime = Runtime(RayTransport({address!r}, controller={controller!r}))
     job = runtime.register_job("orphan", {{"policy": model_spec("policy", source="tiny-qwen2")}})
-    grpo_like.step(job, 0)
+    job.logprobs({{"input_ids": [[1, 2, 3]]}}).result()
     print("ready", flush=True)
     time.sleep(600)
 """)
@@ -41,15 +41,20 @@ def _until(condition, timeout_s=60.0):
 
 
 def _held(runtime):
-    return {wg: (s["device_bytes"], s["host_bytes"], s["num_states"])
-            for wg, s in runtime.inspect("bytes").items()}
+    return {wg: (s["device_bytes"], s["host_bytes"], s["disk_bytes"], s["disk_files"],
+                 s["num_states"]) for wg, s in runtime.inspect("bytes").items()}
 
 
-def test_a_dead_driver_s_job_is_released_after_its_lease_and_others_go_on(connect):
-    runtime = connect(lease_s=1.5)
+def _spill_files(spill_root):
+    return sorted(p.name for p in spill_root.rglob("*") if p.is_file())
+
+
+def test_a_dead_driver_s_job_is_released_after_its_lease_and_others_go_on(connect, tmp_path):
+    # host memory holds one job's States: the other's fill it, so the orphan's start on DISK
+    runtime = connect(lease_s=1.5, host_bytes=JOB_BYTES + 4 * int(SPEC.total_params),
+                      spill_root=str(tmp_path))
     other = runtime.register_job("other", {"policy": SPEC}, seed=1)
-    grpo_like.step(other, 0)
-    before = _held(runtime)
+    before, files_before = _held(runtime), _spill_files(tmp_path)
     script = ORPHAN.format(tests=str(Path(__file__).parent),
                            address=ray.get_runtime_context().gcs_address,
                            controller=runtime.transport.controller_name)
@@ -58,17 +63,19 @@ def test_a_dead_driver_s_job_is_released_after_its_lease_and_others_go_on(connec
         assert child.stdout.readline().strip() == "ready"
         assert "orphan" in runtime.inspect("status")["jobs"]
         assert _held(runtime) != before
+        assert any(name.startswith("orphan") for name in _spill_files(tmp_path))
         child.kill()                                   # the driver dies without a word
         child.wait()
         _until(lambda: "orphan" not in runtime.inspect("status")["jobs"])
         _until(lambda: _held(runtime) == before)       # every byte of it released
+        assert _spill_files(tmp_path) == files_before  # and its spill files are gone
     finally:
         child.kill()
-    assert grpo_like.step(other, 1)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
+    assert grpo_like.step(other, 0)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
 
 
 def test_a_live_driver_keeps_its_job_past_the_lease(connect):
-    runtime = connect(lease_s=0.5)
+    runtime = connect(lease_s=1.0)
     job = runtime.register_job("alive", {"policy": SPEC}, seed=2)
-    time.sleep(2.0)                                    # four leases, renewed by the transport
+    time.sleep(3.0)                                    # three leases, renewed by the transport
     assert grpo_like.step(job, 0)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
