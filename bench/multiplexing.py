@@ -115,10 +115,10 @@ def train_step(job, plan: JobPlan, step: int, wait: bool) -> float:
     return time.monotonic() - start
 
 
-def drive(job, plan: JobPlan, warmup: int, steps: int, barrier=None, warm_wait=True) -> list:
+def drive(job, plan: JobPlan, warmup: int, steps: int, barrier=None) -> list:
     """Warm-up steps, then (after the barrier, if any) the timed steps; their wall seconds."""
     for step in range(warmup):
-        train_step(job, plan, step, wait=warm_wait)
+        train_step(job, plan, step, wait=True)
     if barrier is not None:
         barrier.wait()
     return [train_step(job, plan, warmup + k, wait=True) for k in range(steps)]
@@ -355,7 +355,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per job and mode")
     parser.add_argument("--warmup", type=int, default=8, help="untimed steps (calibration)")
     parser.add_argument("--no-swap", action="store_true",
-                        help="shared budget = isolated budget (all States fit; no swaps)")
+                        help="the default 256 MiB device: all States fit, no swaps")
     parser.add_argument("--idle-share", type=float, default=None,
                         help="one target idle share for every job (default: JOBS)")
     args = parser.parse_args()
