@@ -64,7 +64,8 @@ class Rewards:
             raise ConfigError("one weight per reward function", field="reward_weights",
                               value=weights)
         self.funcs, self.weights = list(funcs), np.asarray(weights, dtype=np.float64)
-        self.names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(funcs)]
+        names = [getattr(f, "__name__", "reward") for f in funcs]
+        self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
 
     def per_function(self, *, prompts: list[str], completions: list[str],
                      completion_ids: list[list[int]], columns: Mapping[str, list],

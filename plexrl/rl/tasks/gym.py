@@ -48,23 +48,23 @@ class ReasoningGymTask:
         import reasoning_gym
         if split not in SPLITS:
             raise ConfigError("unknown split", field="split", value=split)
-        size = max(64, 2 * n)
+        # reasoning-gym draws entry i from Random(seed + i): spread the seeds of different
+        # calls far apart so their entries do not repeat shifted by one
+        base = (seed * 2 * 2654435761 + SPLITS.index(split) * 1_000_003) % 2**31
+        size = 200 * max(n, 1) + 1000
         items: list[Item] = []
         seen: set[str] = set()
-        for attempt in range(40):
-            dataset = reasoning_gym.create_dataset(
-                self.dataset, size=size, seed=seed * 1000 + attempt * 2 + SPLITS.index(split),
-                **self.config)
-            for entry in dataset:
-                text = self.prompt(entry)
-                if in_heldout(text, self.heldout_frac) != (split == "heldout"):
-                    continue
-                if split == "heldout" and text in seen:
-                    continue
-                seen.add(text)
-                items.append(Item(text, str(entry["answer"]), {"entry": entry}))
-                if len(items) == n:
-                    return items
+        dataset = reasoning_gym.create_dataset(self.dataset, size=size, seed=base, **self.config)
+        for entry in dataset:          # entries are generated lazily, one at a time
+            text = self.prompt(entry)
+            if in_heldout(text, self.heldout_frac) != (split == "heldout"):
+                continue
+            if split == "heldout" and text in seen:
+                continue
+            seen.add(text)
+            items.append(Item(text, str(entry["answer"]), {"entry": entry}))
+            if len(items) == n:
+                return items
         raise ConfigError(f"found only {len(items)} of {n} {split} items", field="n", value=n,
                           fix="ask for fewer items or widen the dataset's config")
 
