@@ -1,6 +1,12 @@
-"""RLVR algorithms (GRPO and friends), verifiable tasks and rewards (not yet written).
+"""RLVR written only against ``plexrl.client``: GRPO/DAPO, verifiable tasks and rewards.
 
-Will own: the control logic a job keeps (data, rewards, tools, the algorithm loop), written
-only against ``plexrl.client``. Must not import ``plexrl.runtime``, ``plexrl.sim``, ray or
-torch, so the same algorithm runs on Ray, in the simulator, or on a mock transport.
+    grpo.py        GRPOConfig, advantages, DAPO filters, batch builder, ``train``, evaluation
+    sft.py         a short supervised warm-up (cross-entropy) before GRPO
+    rewards.py     reward functions called as TRL calls them, with weights
+    tokenizers.py  a character tokenizer for tiny models; Hugging Face tokenizers from disk
+    tasks/         the Task protocol; digit tasks, reasoning-gym, JSONL math
+
+Owns: the control logic a job keeps (data, rewards, the algorithm loop). Must not import
+``plexrl.runtime``, ``plexrl.sim``, ray or torch, so the same algorithm runs on Ray, in the
+simulator, or on a mock transport.
 """
