@@ -186,8 +186,8 @@ class Ticket:
 
 @dataclass(frozen=True)
 class CallRequest:
-    """One call of a job, as its client sends it. ``payload`` (the bulk arguments) travels by
-    reference: a transport never hands it to the controller, only to the service."""
+    """One call of a job, as its client sends it. ``payload`` (the bulk arguments) goes to the
+    service that runs the call; a transport never hands it to the controller."""
 
     job: JobId
     token: str

@@ -5,8 +5,9 @@ Owns: the registration of jobs (a ticket once every copy is bound, or the core's
 a ``PlacementError``), admitting each job's calls in its sequence-number order whatever order
 they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
-an asyncio Ray actor, so every fold and plan happens on one thread. It decides and never
-carries tensors: a call's payload and result are object references it passes on unopened.
+an asyncio Ray actor, so every fold and plan happens on one thread. It also ends jobs whose
+driver stopped renewing its lease. It decides and never carries tensors: a call's payload
+and result go between the job and its service (``service_actor.py``), never through here.
 Must not know: torch, what a call computes, how bytes move.
 """
 
