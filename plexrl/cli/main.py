@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--window", metavar="START:END",
                      help="trace scenarios: write a timeline of seconds START to END of the replay "
                           "(at most 100k events per strategy) into --out")
+    from plexrl.cli.demo import add_parser as add_demo
+    add_demo(sub)
     return parser
 
 
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sim":
             from plexrl.cli.sim import run_sim
             return run_sim(args)
+        if args.command == "demo":
+            from plexrl.cli.demo import run as run_demo
+            return run_demo(args)
     except PlexError as err:
         print(f"plexrl: error: {err}", file=sys.stderr)
         return 2

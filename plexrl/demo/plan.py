@@ -39,21 +39,23 @@ class DemoJob:
 
 
 FULL = (
-    DemoJob("copy", "copy", 2, 3, "tiny-qwen2", seed=0, warmup_steps=30, steps=60,
+    DemoJob("copy", "copy", 2, 3, "tiny-qwen2", seed=0, warmup_steps=30, steps=300,
             prompts_per_step=16, group_size=8, max_tokens=6),
-    DemoJob("reverse", "reverse", 2, 3, "tiny-llama", seed=1, warmup_steps=40, steps=60,
+    DemoJob("reverse", "reverse", 2, 3, "tiny-llama", seed=1, warmup_steps=40, steps=300,
             prompts_per_step=12, group_size=8, max_tokens=6),
-    DemoJob("chain-sum", "chain_sum", 1, 2, "tiny-qwen2", seed=2, warmup_steps=40, steps=60,
+    DemoJob("chain-sum", "chain_sum", 1, 2, "tiny-qwen2", seed=2, warmup_steps=300, steps=300,
             prompts_per_step=16, group_size=8, max_tokens=5),
 )
 
 
 def demo_jobs(quick: bool = False, scale: float = 1.0) -> tuple[DemoJob, ...]:
-    """The full demo's jobs; ``quick`` halves the GRPO steps; ``scale`` (hidden, tests)
+    """The full demo's jobs; ``quick``: a third of the GRPO steps, at most 60 warm-up steps;
+    ``scale`` (hidden, tests)
     multiplies steps and warm-up steps (at least 2 each)."""
     jobs = FULL
     if quick:
-        jobs = tuple(replace(j, steps=j.steps // 2) for j in jobs)
+        jobs = tuple(replace(j, steps=j.steps // 3, warmup_steps=min(j.warmup_steps, 60))
+                     for j in jobs)
     if scale != 1.0:
         jobs = tuple(replace(j, steps=max(2, round(j.steps * scale)),
                              warmup_steps=max(2, round(j.warmup_steps * scale))) for j in jobs)

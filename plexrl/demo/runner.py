@@ -48,7 +48,7 @@ class JobResult:
 class Progress:
     """One line per job every ``every`` steps (and at each phase), printed under a lock."""
 
-    def __init__(self, out=sys.stdout, every: int = 5):
+    def __init__(self, out=sys.stdout, every: int = 10):
         self.out, self.every, self.lock, self.start = out, every, threading.Lock(), time.monotonic()
 
     def say(self, job: str, text: str) -> None:
