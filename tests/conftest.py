@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -22,3 +23,16 @@ settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60
                           print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=30)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for the whole test session: loopback, 64 emulated devices."""
+    import ray
+
+    from plexrl.runtime.transport import init_local
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not ray.is_initialized():
+        init_local(num_devices=64, num_cpus=2)
+    yield
+    ray.shutdown()

@@ -1,4 +1,4 @@
-"""One local Ray cluster for the whole test session, and runtimes started on it per test.
+"""Runtimes started per test on the session's local Ray cluster (``ray_session``, tests/conftest.py).
 
 The cluster runs on loopback with 64 emulated devices (``plexrl_device``); each runtime
 (a controller and its service actors) is started by ``connect`` and closed after its test.
@@ -11,17 +11,6 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    import ray
-
-    from plexrl.runtime.transport import init_local
-    if not ray.is_initialized():
-        init_local(num_devices=64, num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture
