@@ -3,7 +3,7 @@ another, each alone; and what the controller's call log says about the worker gr
 
 Owns: the runtime the demo starts (one worker group of 1 emulated device, the default
 256 MiB budget: every job's States fit beside any call, so jobs interleave without swaps --
-docs/design-demo.md), one job's run (register, supervised warm-up, greedy accuracy, GRPO,
+docs/design.md, D111-D115), one job's run (register, supervised warm-up, greedy accuracy, GRPO,
 greedy accuracy), the progress lines, and the usage figures (held, busy, device-seconds).
 Must not know: argument parsing, record files, plots.
 """
