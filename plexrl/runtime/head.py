@@ -151,23 +151,41 @@ def _session_ready(temp_dir: str) -> bool:
     return (Path(temp_dir) / "session_latest").exists()
 
 
-def stop_head(state: HeadState, grace_s: float = 15.0) -> None:
-    """Stop the head ``up`` started: SIGTERM to its ``ray start --block`` group (which stops
-    the Ray processes it started), SIGKILL after ``grace_s``; remove its temp directory."""
+def stop_head(state: HeadState, grace_s: float = 5.0) -> None:
+    """Stop the head ``up`` started: SIGTERM to its ``ray start --block`` process group,
+    then, after ``grace_s``, SIGKILL to every process of its session (the Ray processes it
+    started; a submitted job's program runs in a session of its own and was ended before);
+    remove its temp directory."""
     if not state.started_head or not state.head_pid:
         return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(state.head_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(state.head_pid):
+        time.sleep(0.1)
+    for pid in _session_members(state.head_pid):
         try:
-            os.killpg(state.head_pid, sig)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            break
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _alive(state.head_pid):
-            time.sleep(0.1)
-        if not _alive(state.head_pid):
-            break
+            pass
     if state.temp_dir and Path(state.temp_dir).name.startswith("plexrl-ray-"):
         shutil.rmtree(state.temp_dir, ignore_errors=True)
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live processes whose session id is ``sid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
 
 
 def _alive(pid: int) -> bool:

@@ -64,13 +64,16 @@ class Service:
     def jobs(self, token: str | None = None) -> dict[str, dict]:
         return {j["job"]: j for j in self.json("jobs", token=token)["jobs"]}
 
-    def wait_for(self, job: str, states: tuple[str, ...], timeout: float = 60) -> dict:
+    def wait_for(self, job: str, states: tuple[str, ...], timeout: float = 60,
+                 every: str = "") -> dict:
+        """The job's view once its state is one of ``states`` (all jobs: every="jobs")."""
         deadline = time.monotonic() + timeout
         while True:
-            view = self.jobs().get(job, {})
+            jobs = self.jobs()
+            view = jobs.get(job, {})
             if view.get("state") in states or time.monotonic() > deadline:
                 assert view.get("state") in states, (job, view)
-                return view
+                return jobs if every else view
             time.sleep(0.5)
 
 
@@ -110,63 +113,58 @@ def test_submit_runs_the_program_and_logs_its_output(service):
     assert sub["job"] == "own-job" and len(sub["token"]) == 32
     logs = service.run("logs", "own-job", "--follow", timeout=240).stdout
     assert re.search(r"step  2  reward \d\.\d{3}", logs), logs
-    view = service.wait_for("own-job", ("succeeded",))
-    assert view["exit_code"] == 0 and view["position"] is None
-    assert json.loads(service.run("logs", "own-job", "--format", "json").stdout)["text"] == logs
+    view = service.jobs()["own-job"]          # logs --follow returns once the program exited
+    assert view["state"] == "succeeded" and view["exit_code"] == 0 and view["position"] is None
 
 
-def test_queue_positions_follow_priority_and_cancel_kills_the_process_group(service):
-    service.json("submit", service.job_file("holder"))
-    holder = service.wait_for("holder", ("running",))
+def test_queue_by_priority_job_tokens_and_cancel(service):
+    """Queued positions follow priority (status and jobs); a job cannot list, read or cancel
+    another job without the operator token; cancel kills the program's process group."""
+    service.json("submit", service.job_file("holder"))          # placed at once: it fits
     low = service.json("submit", service.job_file("low", priority=0))
     high = service.json("submit", service.job_file("high", priority=3))
     jobs = service.jobs()
+    assert jobs["holder"]["state"] in ("starting", "running")
     assert jobs["low"]["state"] == jobs["high"]["state"] == "queued"
     assert (jobs["high"]["position"], jobs["low"]["position"]) == (1, 2)
     assert "host memory" in jobs["low"]["reason"] and "high" in jobs["low"]["reason"]
-    queue = service.json("status")["queue"]
-    assert [q["job"] for q in queue] == ["high", "low"]
+    assert [q["job"] for q in service.json("status")["queue"]] == ["high", "low"]
 
-    log = service.json("logs", "holder")["text"]
-    grandchild = int(re.search(r"gc=(\d+)", log).group(1))
+    # a job's token: only its own job
+    assert list(service.jobs(token=high["token"])) == ["high"]
+    for args in (("logs", "low"), ("cancel", "low")):
+        denied = service.run(*args, token=high["token"], ok=False)
+        assert denied.returncode == 2 and "operator token" in denied.stderr, denied.stderr
+    assert service.run("jobs", token="not-a-token", ok=False).returncode == 2
+
+    holder = service.wait_for("holder", ("running",))
+    grandchild = int(re.search(r"gc=(\d+)", service.json("logs", "holder")["text"]).group(1))
     cancelled = service.json("cancel", "holder")
     assert cancelled["state"] == "cancelled" and cancelled["exit_code"] is not None
     assert not _alive(holder["pid"]) and not _alive(grandchild)
-    service.wait_for("high", ("running",))
-    assert service.jobs()["low"]["position"] == 1
-    for job, ticket in (("high", high), ("low", low)):
-        assert service.json("cancel", job, token=ticket["token"])["state"] == "cancelled"
+    jobs = service.wait_for("high", ("starting", "running"), every="jobs")
+    assert jobs["low"]["state"] == "queued" and jobs["low"]["position"] == 1   # untouched
+    assert service.json("cancel", "high", token=high["token"])["state"] == "cancelled"
+    assert service.json("cancel", "low")["state"] == "cancelled"   # the operator: any job
 
 
-def test_a_job_cannot_list_read_or_cancel_another_job_without_the_operator_token(service):
-    a = service.json("submit", service.job_file("a"))
-    b = service.json("submit", service.job_file("b"))
-    service.wait_for("a", ("running",))
-    mine = service.jobs(token=a["token"])
-    assert list(mine) == ["a"]                      # sees only itself
-    for args in (("logs", "b"), ("cancel", "b")):
-        denied = service.run(*args, token=a["token"], ok=False)
-        assert denied.returncode == 2 and "operator token" in denied.stderr, denied.stderr
-    assert service.run("jobs", token="not-a-token", ok=False).returncode == 2
-    assert service.jobs()["b"]["state"] == "queued"     # b untouched
-    assert {"a", "b"} <= set(service.jobs())          # the operator sees both
-    assert service.json("cancel", "b", token=b["token"])["state"] == "cancelled"
-    assert service.json("cancel", "a")["state"] == "cancelled"   # the operator cancels any
+INVALID = {
+    "name": 'name = "bad name"\n[entry]\ncommand = ["true"]\n[models.policy]\n'
+            'source = "tiny-qwen2"',
+    "models.policy.resources.device_bytes":   # valid, but larger than any device: controller
+        'name = "big"\n[entry]\ncommand = ["true"]\n[models.policy]\nsource = "tiny-qwen2"\n'
+        '[models.policy.resources]\ndevice_bytes = "1TiB"',
+}
 
 
-@pytest.mark.parametrize("text, field", [
-    ('name = "bad name"\n[entry]\ncommand = ["true"]\n[models.policy]\nsource = "tiny-qwen2"',
-     "name"),
-    ('name = "big"\n[entry]\ncommand = ["true"]\n[models.policy]\nsource = "tiny-qwen2"\n'
-     '[models.policy.resources]\ndevice_bytes = "1TiB"', "models.policy.resources.device_bytes"),
-])
-def test_an_invalid_job_file_exits_2_naming_it_and_submits_nothing(service, text, field):
+def test_an_invalid_job_file_exits_2_naming_it_and_submits_nothing(service):
     before = service.jobs()
-    path = service.home / "invalid.toml"
-    path.write_text(text)
-    done = service.run("submit", str(path), ok=False)
-    assert done.returncode == 2 and done.stdout == ""
-    assert str(path) in done.stderr and field in done.stderr and "fix:" in done.stderr
+    for field, text in INVALID.items():
+        path = service.home / "invalid.toml"
+        path.write_text(text)
+        done = service.run("submit", str(path), ok=False)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert str(path) in done.stderr and field in done.stderr and "fix:" in done.stderr
     assert service.jobs() == before
 
 
