@@ -66,7 +66,7 @@ def _up(args) -> int:
     if state is not None:          # what it recorded is gone: forget it
         head.stop_head(state)
         head.clear_state()
-    head.run_dir().mkdir(parents=True, exist_ok=True)
+    head.run_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     started = args.address is None
     state = (head.start_head(args.devices * args.groups, host=args.host) if started else
              head.HeadState(address=args.address, controller=head.CONTROLLER_NAME,

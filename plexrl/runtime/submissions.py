@@ -77,7 +77,7 @@ class SubmittedJobs:
             raise AuthError("this controller already serves with another operator token")
         self._operator = digest
         self._served = {"run_dir": run_dir, "address": address, "name": name}
-        Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
+        Path(run_dir, "logs").mkdir(mode=0o700, parents=True, exist_ok=True)   # owner only
         return await self.info()
 
     def _is_operator(self, token: str) -> bool:
