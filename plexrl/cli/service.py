@@ -81,10 +81,8 @@ def _up(args) -> int:
                          f"PlexRL is already up at {state.address} (controller "
                          f"{state.controller}, started elsewhere)")
         controller = head.create_controller(_config(args), state.controller)
-        import ray
         token = head.write_token()
-        ray.get(controller.serve.remote(token, str(head.run_dir()), state.address,
-                                        state.controller))
+        head.call(controller.serve, token, str(head.run_dir()), state.address, state.controller)
         head.write_state(state)
     except BaseException:
         head.stop_head(state)
@@ -114,8 +112,7 @@ def _answers(state) -> bool:
         controller = head.find_controller(state.controller)
         if controller is None:
             return False
-        import ray
-        ray.get(controller.info.remote(), timeout=30)
+        head.call(controller.info, timeout_s=30)
         return True
     except Exception:
         return False
@@ -132,9 +129,8 @@ def _down(args) -> int:
         head.connect_ray(state.address)
         controller = head.find_controller(state.controller)
         if controller is not None:
-            import ray
-            cancelled = ray.get(controller.stop_service.remote(head.read_token()), timeout=120)
-            ray.kill(controller)
+            cancelled = head.call(controller.stop_service, head.read_token())
+            head.kill(controller)
     except ConnectionError:
         pass                       # the head is gone already
     finally:
@@ -163,12 +159,8 @@ def _controller():
 
 
 def _call(method, *args):
-    """``ray.get`` of an actor call, with the runtime's own error instead of Ray's wrapper."""
-    import ray
-    try:
-        return ray.get(method.remote(*args), timeout=120)
-    except ray.exceptions.RayTaskError as err:
-        raise (err.cause if err.cause is not None else err) from None
+    from plexrl.runtime.head import call
+    return call(method, *args)
 
 
 def _status(args) -> int:

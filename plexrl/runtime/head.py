@@ -250,3 +250,19 @@ def create_controller(config, name: str = CONTROLLER_NAME, timeout_s: float = 12
     ).remote(config, secrets.token_hex(4))
     ray.get(handle.start.remote(), timeout=timeout_s)
     return handle
+
+
+def call(method, *args, timeout_s: float = 120.0):
+    """``ray.get`` of an actor method's call, raising the runtime's own error rather than
+    Ray's wrapper of it."""
+    import ray
+    try:
+        return ray.get(method.remote(*args), timeout=timeout_s)
+    except ray.exceptions.RayTaskError as err:
+        raise (err.cause if err.cause is not None else err) from None
+
+
+def kill(handle) -> None:
+    """End an actor now (the controller, after its ``stop_service``)."""
+    import ray
+    ray.kill(handle)
