@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(at most 100k events per strategy) into --out")
     from plexrl.cli.demo import add_parser as add_demo
     add_demo(sub)
+    from plexrl.cli.service import add_parsers as add_service
+    add_service(sub)
     return parser
 
 
@@ -49,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from plexrl.cli.demo import run as run_demo
             return run_demo(args)
+        from plexrl.cli.service import COMMANDS, run as run_service
+        if args.command in COMMANDS:
+            return run_service(args)
     except PlexError as err:
         print(f"plexrl: error: {err}", file=sys.stderr)
         return 2

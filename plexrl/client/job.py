@@ -12,6 +12,7 @@ Must not know: how the transport carries a request, numpy, torch, Ray.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from concurrent.futures import Future
 
@@ -38,6 +39,22 @@ class Runtime:
         ticket = self.transport.register(request).result()
         return JobClient(self.transport, ticket, request)
 
+    def attach_job(self, job: str | None = None, token: str | None = None) -> "JobClient":
+        """Take over a job registered elsewhere, by its ticket; a program that ``plexrl
+        submit`` started finds both in ``PLEXRL_JOB`` and ``PLEXRL_JOB_TOKEN``."""
+        job = job or os.environ.get("PLEXRL_JOB")
+        token = token or os.environ.get("PLEXRL_JOB_TOKEN")
+        if not job or not token:
+            raise ConfigError("attaching needs a job and its token", field="PLEXRL_JOB",
+                              value=job, fix="run the program through `plexrl submit`, or pass "
+                              "job= and token=")
+        attach = getattr(self.transport, "attach", None)
+        if attach is None:
+            raise ConfigError("this transport cannot attach to a job", field="address",
+                              fix="connect to a running controller (controller=NAME)")
+        ticket = Ticket(JobId(job), token)
+        return JobClient(self.transport, ticket, attach(ticket).result())
+
     def inspect(self, what: str):
         """Read-only runtime records by name ("calls", "transitions", "status")."""
         return self.transport.inspect(what).result()
@@ -55,6 +72,16 @@ class Runtime:
 def connect(address: str | None = None, **options) -> Runtime:
     """Connect to a runtime: the embedded local one by default, else ``address``."""
     return Runtime(open_transport(address, **options))
+
+
+def connect_submitted() -> tuple[Runtime, "JobClient"] | None:
+    """In a program that ``plexrl submit`` started: the running controller's runtime and the
+    job it placed (from ``PLEXRL_ADDRESS``, ``PLEXRL_CONTROLLER``, ``PLEXRL_JOB`` and
+    ``PLEXRL_JOB_TOKEN``); None anywhere else."""
+    if "PLEXRL_JOB" not in os.environ:
+        return None
+    runtime = connect(os.environ["PLEXRL_ADDRESS"], controller=os.environ["PLEXRL_CONTROLLER"])
+    return runtime, runtime.attach_job()
 
 
 class JobClient:

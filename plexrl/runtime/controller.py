@@ -33,9 +33,10 @@ from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
                                  job_spec, workspace_bytes)
+from plexrl.runtime.submissions import SubmittedJobs
 
 
-class Controller:
+class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: submissions.py
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
@@ -46,6 +47,7 @@ class Controller:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
+        self._service_init()   # submissions.py
 
     async def start(self) -> dict:
         self.executor = await Executor.start(self.config, self.session)

@@ -107,6 +107,25 @@ class RayTransport:
             return
         _set(out, value=ticket)
 
+    def attach(self, ticket: Ticket) -> "Future[JobRequest]":
+        """Take over a job registered elsewhere (a submitted job's program holds its ticket):
+        its registration, once the job is placed and its routes are known here."""
+        out: Future = Future()
+
+        def attached(done: Future) -> None:
+            try:
+                request = done.result()
+            except Exception as err:
+                _set(out, error=_unwrap(err))
+                return
+            routed: Future = Future()
+            routed.add_done_callback(lambda r: _set(out, value=request) if r.exception() is None
+                                     else _set(out, error=r.exception()))
+            routes = self.controller.routes.remote(ticket)
+            routes.future().add_done_callback(lambda got: self._routed(routed, ticket, got))
+        self.controller.attach.remote(ticket).future().add_done_callback(attached)
+        return out
+
     def submit(self, request: CallRequest) -> Future:
         """Send the call with its payload to its service, and its description to the
         controller; the result comes from the service, a refusal from either."""
