@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plexrl.protocol import ModelSpec
 
@@ -117,12 +117,20 @@ def round_trip_s(calls: list[dict]) -> float:
     return max(0.0, statistics.median(trips)) if trips else 0.0
 
 
-def export(calls: list[dict], transitions: list[dict], info: RunInfo) -> str:
-    """The scenario file (TOML text) of the run's jobs ``info.models`` names."""
+def export(calls: list[dict], transitions: list[dict], info: RunInfo,
+           durations: dict[str, JobShape] | None = None, durations_from: str = "") -> str:
+    """The scenario file (TOML text) of the run's jobs ``info.models`` names. ``durations``
+    (a diagnostic): take each job's call durations from these shapes, measured in
+    ``durations_from``, instead of from ``calls``."""
     rename = info.rename or {}
     shapes = {job: job_shape(calls, job, info.warmup, (info.workspace_bytes or {}).get(job))
               for job in info.models}
+    for job, other in (durations or {}).items():
+        if other.functions != shapes[job].functions:
+            raise ValueError(f"job {job}: the durations' run makes other calls: {other.functions}")
+        shapes[job] = replace(shapes[job], duration_s=other.duration_s, compute_s=other.compute_s)
     src = f"measured from {info.run}"
+    held_src = f"measured from {durations_from}" if durations else src
     onload = bandwidth(transitions, "host", "device")
     offload = bandwidth(transitions, "device", "host")
     bw_src = {"onload": f"{src}: host->device bytes / copy seconds",
@@ -158,11 +166,12 @@ def export(calls: list[dict], transitions: list[dict], info: RunInfo) -> str:
     for job, name in zip(info.models, names):
         shape, spec = shapes[job], info.models[job]
         at = f"{src}: job {job}, mean of {shape.steps} timed steps"
+        held_at = f"{held_src}: job {job}, mean of the timed steps"
         out += ["", f"[measured.jobs.{json.dumps(name)}]",
                 _line("model", name, f"the job's model, [models.{name}]"),
                 _line("functions", list(shape.functions), f"{src}: job {job}'s calls of a step"),
-                _line("duration_s", list(shape.duration_s), f"{at}: dispatch to result"),
-                _line("compute_s", list(shape.compute_s), f"{at}: the service's compute"),
+                _line("duration_s", list(shape.duration_s), f"{held_at}: dispatch to result"),
+                _line("compute_s", list(shape.compute_s), f"{held_at}: the service's compute"),
                 _line("gap_s", list(shape.gap_s), f"{at}: previous result to queued"),
                 _line("workspace_bytes", list(shape.workspace_bytes), f"{at}: device reserve")]
     for job, name in zip(info.models, names):

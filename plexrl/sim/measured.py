@@ -201,14 +201,19 @@ def simulate(s: Scenario, names: tuple[str, ...]) -> tuple[Trace, dict[JobId, Me
 
 
 def run_figures(s: Scenario, trace: Trace, jobs: dict[JobId, MeasuredJob]) -> dict:
-    """Held seconds (first timed call's start to last timed call's end), busy seconds, and
-    each job's mean timed step (driver wall time, waits included)."""
+    """Held seconds (first timed call's start to last timed call's end), busy seconds,
+    seconds the group ran nothing while a call was queued (waiting on moves), and each job's
+    mean timed step (driver wall time, waits included)."""
     timed = [c for c in trace.calls if c.step >= s.warmup_steps]
     start, end = min(c.start_s for c in timed), max(c.end_s for c in timed)
     moves = [mv for mv in trace.moves if start <= mv.end_s <= end and mv.end_s > mv.start_s]
     steps = {job: [e - b for b, e in zip(j.log.step_begin, j.log.step_end)][s.warmup_steps:]
              for job, j in jobs.items()}
+    ordered = sorted(timed, key=lambda c: c.start_s)
+    switch_s = sum(max(0.0, nxt.start_s - max(prev.end_s, nxt.queued_s))
+                   for prev, nxt in zip(ordered, ordered[1:]))
     return {"held_s": end - start, "busy_s": sum(c.end_s - c.start_s for c in timed),
+            "queued_idle_s": switch_s,
             "moves": len(moves), "move_bytes": sum(mv.num_bytes for mv in moves),
             "mean_step_s": {job: statistics.mean(v) for job, v in steps.items()}}
 
@@ -231,7 +236,8 @@ def predict(s: Scenario) -> dict:
                                       "idle_share": 1 - a["busy_s"] / a["held_s"]}
                                   for n, a in alone.items()}},
             "shared": {"device_s": shared_s, "device_s_per_step": shared_s / per_step,
-                       "busy_s": shared["busy_s"], "moves": shared["moves"],
+                       "busy_s": shared["busy_s"], "queued_idle_s": shared["queued_idle_s"],
+                       "moves": shared["moves"],
                        "move_bytes": shared["move_bytes"],
                        "jobs": {n: {"mean_step_s": shared["mean_step_s"][n],
                                     "slowdown": slowdown[n]} for n in names}},
