@@ -8,10 +8,11 @@ its timed steps (step >= ``warmup``): the calls of one step in order, each call'
 seconds from dispatch to result (``duration_s``) and mean compute seconds on the service
 (``compute_s``), the mean driver-side gap before each call (its queued time less the
 previous call's end: reward and tool time, the driver's own work, the submit), and its
-mean device reserve. Moves: achieved bytes/s per direction (bytes over copy seconds), and
-a fixed latency per move, taken as the median round trip of the calls that carry no
-tensors (optim_step, sync_weights: dispatch to result less compute), since the transition
-log times the copy only. Every value line says what it was measured from.
+mean device reserve. Moves: achieved bytes/s per direction (bytes over copy seconds); the
+copier's other work per move (median of end_s - start_s less the bytes at that rate, where
+the log has start_s); and a round trip per move, taken as the median round trip of the
+calls that carry no tensors (optim_step, sync_weights: dispatch to result less compute),
+since the transition log times the service side only. Every value line says what it was measured from.
 Must not know: the runtime (it reads plain dicts), how the scenario is simulated.
 """
 
@@ -110,6 +111,15 @@ def bandwidth(transitions: list[dict], src: str, dst: str) -> float | None:
     return sum(t["num_bytes"] for t in moved) / sum(t["seconds"] for t in moved)
 
 
+def move_service_s(transitions: list[dict], bytes_per_s: dict[tuple[str, str], float]) -> float | None:
+    """Median seconds the group's copier spent on a move beyond its bytes at the achieved
+    rate (allocating, publishing, logging), from moves logged with their start (None if none)."""
+    extra = [t["end_s"] - t["start_s"] - t["num_bytes"] / bytes_per_s[(t["src"], t["dst"])]
+             for t in transitions if "start_s" in t and (t["src"], t["dst"]) in bytes_per_s
+             and t["num_bytes"] > 0]
+    return max(0.0, statistics.median(extra)) if extra else None
+
+
 def round_trip_s(calls: list[dict]) -> float:
     """Median dispatch-to-result less compute of the calls that carry no tensors."""
     trips = [c["end_s"] - c["start_s"] - c["duration_s"] for c in calls
@@ -117,20 +127,30 @@ def round_trip_s(calls: list[dict]) -> float:
     return max(0.0, statistics.median(trips)) if trips else 0.0
 
 
+OVERRIDABLE = ("duration_s", "gap_s")
+
+
 def export(calls: list[dict], transitions: list[dict], info: RunInfo,
-           durations: dict[str, JobShape] | None = None, durations_from: str = "") -> str:
-    """The scenario file (TOML text) of the run's jobs ``info.models`` names. ``durations``
-    (a diagnostic): take each job's call durations from these shapes, measured in
-    ``durations_from``, instead of from ``calls``."""
+           other: dict[str, JobShape] | None = None, fields: tuple[str, ...] = (),
+           other_run: str = "") -> str:
+    """The scenario file (TOML text) of the run's jobs ``info.models`` names. A diagnostic:
+    take each job's ``fields`` (``duration_s`` (with compute_s), ``gap_s``) from the shapes
+    ``other``, measured in ``other_run``, instead of from ``calls``."""
     rename = info.rename or {}
     shapes = {job: job_shape(calls, job, info.warmup, (info.workspace_bytes or {}).get(job))
               for job in info.models}
-    for job, other in (durations or {}).items():
-        if other.functions != shapes[job].functions:
-            raise ValueError(f"job {job}: the durations' run makes other calls: {other.functions}")
-        shapes[job] = replace(shapes[job], duration_s=other.duration_s, compute_s=other.compute_s)
+    if not set(fields) <= set(OVERRIDABLE):
+        raise ValueError(f"only {OVERRIDABLE} can come from another run, not {fields}")
+    for job, shape in (other or {}).items():
+        if shape.functions != shapes[job].functions:
+            raise ValueError(f"job {job}: the other run makes other calls: {shape.functions}")
+        taken = {f: getattr(shape, f) for f in fields}
+        if "duration_s" in fields:
+            taken["compute_s"] = shape.compute_s
+        shapes[job] = replace(shapes[job], **taken)
     src = f"measured from {info.run}"
-    held_src = f"measured from {durations_from}" if durations else src
+    from_other = {f: f"measured from {other_run}" if other and f in fields else src
+                  for f in OVERRIDABLE}
     onload = bandwidth(transitions, "host", "device")
     offload = bandwidth(transitions, "device", "host")
     bw_src = {"onload": f"{src}: host->device bytes / copy seconds",
@@ -143,6 +163,9 @@ def export(calls: list[dict], transitions: list[dict], info: RunInfo,
     elif onload is None:
         onload, bw_src["onload"] = offload, f"{src}: no host->device moves; the offload rate"
     trip = round_trip_s([c for c in calls if c["job"] in info.models])
+    service = move_service_s(transitions, {("host", "device"): onload, ("device", "host"): offload})
+    service_src = (f"{src}: median service seconds of a move less its bytes / rate"
+                   if service is not None else f"{src}: no move logged its start; 0")
     names = [rename.get(job, job) for job in info.models]
     out = [f"# Written by plexrl/sim/from_run.py: {src}. Replay: plexrl sim THIS_FILE",
            _line("name", "measured-run", "from_run.py: a measured run"),
@@ -161,18 +184,21 @@ def export(calls: list[dict], transitions: list[dict], info: RunInfo,
            _line("onload_bytes_per_s", onload, bw_src["onload"]),
            _line("offload_bytes_per_s", offload, bw_src["offload"]),
            _line("move_latency_s", trip, f"{src}: median round trip of optim_step/sync_weights calls"),
+           _line("move_service_s", service or 0.0, service_src),
+           _line("serial_moves", True, "plexrl/runtime/service_actor.py: one copy thread per group"),
            _line("backfill", False, "the runtime's core runs without backfill"),
            _line("barrier", True, "bench/multiplexing.py: shared jobs meet after the warm-up")]
     for job, name in zip(info.models, names):
         shape, spec = shapes[job], info.models[job]
         at = f"{src}: job {job}, mean of {shape.steps} timed steps"
-        held_at = f"{held_src}: job {job}, mean of the timed steps"
+        held_at = f"{from_other['duration_s']}: job {job}, mean of the timed steps"
+        gap_at = f"{from_other['gap_s']}: job {job}, mean of the timed steps"
         out += ["", f"[measured.jobs.{json.dumps(name)}]",
                 _line("model", name, f"the job's model, [models.{name}]"),
                 _line("functions", list(shape.functions), f"{src}: job {job}'s calls of a step"),
                 _line("duration_s", list(shape.duration_s), f"{held_at}: dispatch to result"),
                 _line("compute_s", list(shape.compute_s), f"{held_at}: the service's compute"),
-                _line("gap_s", list(shape.gap_s), f"{at}: previous result to queued"),
+                _line("gap_s", list(shape.gap_s), f"{gap_at}: previous result to queued"),
                 _line("workspace_bytes", list(shape.workspace_bytes), f"{at}: device reserve")]
     for job, name in zip(info.models, names):
         spec = info.models[job]

@@ -3,7 +3,8 @@
 Owns: ``MeasuredJob`` (a driver that issues one step's calls one at a time, each ``gap_s``
 after the previous call's result, each holding the group its measured ``duration_s``),
 ``MeasuredSimulation`` (the simulator's loop with driver timers, the warm-up barrier of a
-shared run, moves that take the measured bandwidth plus a fixed latency, and a core that
+shared run, moves that queue for the group's one copier and take its measured work per
+move, the bytes at the measured bandwidth and a round trip, and a core that
 learns the service's compute seconds, as the runtime's does), the one-group cluster as the
 runtime builds it for the core (plexrl/runtime/config.py ``cluster_spec``), and
 ``predict``: device-seconds per training step with each job alone (summed, one after
@@ -144,7 +145,8 @@ class MeasuredSimulation(Simulation):
         config = CoreConfig(queue_policy=s.queue_policy, prefetch=s.prefetch, backfill=m.backfill)
         super().__init__(cluster(m), config, jobs, {j: job.spec() for j, job in jobs.items()},
                          achieved)
-        self.latency_s = m.move_latency_s
+        self.latency_s, self.service_s, self.serial = m.move_latency_s, m.move_service_s, m.serial_moves
+        self.copier_free_at: dict[WorkerGroupId, float] = {}
 
     def _handle(self, item, now: float) -> None:
         if isinstance(item, DriverReady):
@@ -180,13 +182,19 @@ class MeasuredSimulation(Simulation):
                                         duration_s=compute_s))
 
     def _move(self, move: Move, now: float) -> None:
-        """Bytes at the measured bandwidth plus a fixed latency; a KV cache or a drop moves no
-        bytes and, as in the runtime, takes no time. The core learns the copy's own seconds."""
+        """The group's copy work (``move_service_s`` + bytes at the measured bandwidth), one
+        move at a time if ``serial_moves``, then the round trip ``move_latency_s``; a KV
+        cache or a drop moves no bytes and, as in the runtime, takes no time. The core
+        learns the copy's own seconds."""
         direction = Direction.of(move.src, move.dst)
         free = move.key.state == State.KV_CACHE or Tier.DROPPED in (move.src, move.dst)
         copy_s = 0.0 if free or direction is None else move.num_bytes / self.achieved[direction]
-        seconds = 0.0 if free else self.latency_s + copy_s
-        end = now + seconds
+        end = now
+        if not free:
+            start = max(now, self.copier_free_at.get(move.wg, now)) if self.serial else now
+            done = start + self.service_s + copy_s
+            self.copier_free_at[move.wg] = done
+            end = done + self.latency_s
         self.trace.moves.append(MoveRecord(move.wg, move.key.job, f"{move.key.copy}/{move.key.state}",
                                            move.reason, now, end, move.num_bytes))
         self._push(end, ev.TransitionFinished(key=move.key, src=move.src, dst=move.dst,

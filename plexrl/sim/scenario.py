@@ -185,7 +185,11 @@ class MeasuredConfig:
     onload_bytes_per_s: float = option(unit="bytes/s", min=1, doc="achieved, host -> device")
     offload_bytes_per_s: float = option(unit="bytes/s", min=1, doc="achieved, device -> host")
     move_latency_s: float = option(0.0, unit="s", min=0,
-                                   doc="fixed cost of one move beside its bytes (round trip)")
+                                   doc="a move's round trip from the core's decision to its report")
+    move_service_s: float = option(0.0, unit="s", min=0,
+                                   doc="the group's copy work per move beside its bytes "
+                                       "(allocate, publish)")
+    serial_moves: bool = option(True, doc="the group copies one move at a time (one copy thread)")
     backfill: bool = option(False, doc="the core's backfill (the runtime runs without)")
     barrier: bool = option(True, doc="shared jobs start their timed steps together")
     jobs: dict[str, MeasuredJobConfig] = option(default_factory=dict)
