@@ -189,7 +189,7 @@ def export(calls: list[dict], transitions: list[dict], info: RunInfo,
            _line("backfill", False, "the runtime's core runs without backfill"),
            _line("barrier", True, "bench/multiplexing.py: shared jobs meet after the warm-up")]
     for job, name in zip(info.models, names):
-        shape, spec = shapes[job], info.models[job]
+        shape = shapes[job]
         at = f"{src}: job {job}, mean of {shape.steps} timed steps"
         held_at = f"{from_other['duration_s']}: job {job}, mean of the timed steps"
         gap_at = f"{from_other['gap_s']}: job {job}, mean of the timed steps"

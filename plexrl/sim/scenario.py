@@ -149,12 +149,11 @@ class MeasuredJobConfig:
     """One job of a measured run, as its calls and its driver's gaps: one step is the calls
     of ``functions`` in order, each issued ``gap_s`` after the previous call's result came
     back (the first: after the previous step's last call) and holding the group
-    ``duration_s`` (dispatch to result). Lists are parallel, one entry per call of a step."""
+    ``duration_s`` (dispatch to result). Lists are parallel, one entry per call of a step.
+    Every call is of the job's policy model (one model per measured job, as the bench's)."""
 
     model: str = option(doc="key of [models.*]; the sizes of the job's States")
     functions: tuple[str, ...] = option(choices=FUNCTIONS, doc="the calls of one step, in order")
-    roles: tuple[str, ...] = option(default_factory=tuple, choices=("policy", "reference", "value"),
-                                    doc="model of each call; empty: all policy")
     duration_s: tuple[float, ...] = option(unit="s", min=0, doc="dispatch to result, per call")
     compute_s: tuple[float, ...] = option(default_factory=tuple, unit="s", min=0,
                                           doc="the service's compute (what the core learns); "
@@ -317,9 +316,9 @@ def _check_measured(s: Scenario, m: MeasuredConfig, file: str) -> None:
         if not calls:
             raise ConfigError("a step needs calls", file=file, field=f"{where}.functions", value=[],
                               fix=f"list the calls of one step, from {', '.join(FUNCTIONS)}")
-        for list_name in ("roles", "duration_s", "compute_s", "gap_s", "workspace_bytes"):
+        for list_name in ("duration_s", "compute_s", "gap_s", "workspace_bytes"):
             values = getattr(job, list_name)
-            if len(values) != calls and not (list_name in ("roles", "compute_s") and not values):
+            if len(values) != calls and not (list_name == "compute_s" and not values):
                 raise ConfigError(f"one entry per call of a step ({calls})", file=file,
                                   field=f"{where}.{list_name}", value=list(values),
                                   fix=f"give {calls} values, one for each of functions")
