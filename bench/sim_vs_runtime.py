@@ -124,12 +124,13 @@ def isolated_again(plans, device_bytes: int, warmup: int, steps: int) -> list[di
         runtime.close()
 
 
-def check(plans=mx.JOBS, *, warmup: int, steps: int, out: Path, again_steps: int = 0) -> dict:
+def check(plans=mx.JOBS, *, warmup: int, steps: int, out: Path, again_steps: int = 0,
+          swap: bool = True) -> dict:
     """Measure on the runtime, export the isolated runs, simulate, compare. Diagnostics: the
     same scenario with each call's duration as measured shared (what is left is the model
     of queueing and switching), and, with ``again_steps``, the isolated runs repeated."""
     logs: dict = {}
-    measured = mx.measure(plans, warmup=warmup, steps=steps, logs=logs)
+    measured = mx.measure(plans, warmup=warmup, steps=steps, swap=swap, logs=logs)
     names = [p.name for p in plans]
     again = isolated_again(plans, logs["config"].device_bytes, min(warmup, 4),
                            again_steps) if again_steps else []
@@ -163,9 +164,12 @@ def main() -> int:
     parser.add_argument("--out", default="sim-vs-runtime", help="directory for the scenario and logs")
     parser.add_argument("--again", type=int, default=0, metavar="STEPS",
                         help="repeat the isolated runs after the shared one (timed steps)")
+    parser.add_argument("--no-swap", action="store_true",
+                        help="the default 256 MiB device: all States fit, no switch moves")
     args = parser.parse_args()
     init_local(num_devices=1)
-    result = check(warmup=args.warmup, steps=args.steps, out=Path(args.out), again_steps=args.again)
+    result = check(warmup=args.warmup, steps=args.steps, out=Path(args.out), again_steps=args.again,
+                   swap=not args.no_swap)
     print(json.dumps(result))
     return 0
 

@@ -1,11 +1,13 @@
 """One short real run of the multiplexing bench's jobs (tiny models, few steps) exported from
 its isolated runs as a scenario and simulated: the prediction holds against the measurement.
 
-Bounds, loose on purpose (a shared 2-core machine; bench/sim_vs_runtime.py is the real
-check, 20%): device-seconds per training step within 50% alone (a replay of the same calls)
-and shared when each call takes its shared duration (the model of queueing and job switches,
-docs/design-simcheck.md); the prediction from the isolated runs alone orders shared below
-isolated, as the measurement does. No wall-time figure is asserted as such.
+The run uses the default 256 MiB device (all States fit: no switch moves, whose stall the
+replay under-predicts, docs/design-simcheck.md Sx6). Bounds, loose on purpose (a shared
+2-core machine; bench/sim_vs_runtime.py is the real check, 20%): device-seconds per training
+step within 50% alone (a replay of the same calls) and shared when each call takes its
+shared duration (the model of queueing; the machine's speed may drift between the two
+phases, Sx6); the prediction from the isolated runs alone orders shared below isolated, as
+the measurement does. No wall-time figure is asserted as such.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def load_bench():
 
 def test_a_short_run_exported_from_its_isolated_runs_predicts_its_device_seconds(ray_session,
                                                                                   tmp_path):
+    """Exported, loaded, simulated through ``plexrl sim``; figures within the bounds."""
     svr = load_bench()
     plans = tuple(replace(p, prompts=p.prompts[:2], group=2, max_tokens=4) for p in svr.mx.JOBS)
-    result = svr.check(plans, warmup=2, steps=3, out=tmp_path)
+    result = svr.check(plans, warmup=2, steps=3, out=tmp_path, swap=False)
     (tmp_path / "result.json").write_text(json.dumps(result))
     scenario = load_scenario(result["scenario"])
     assert sorted(scenario.measured.jobs) == sorted(p.name for p in plans)
