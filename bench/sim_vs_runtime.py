@@ -76,8 +76,9 @@ def simulate(path: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def rel(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured
+def rel(predicted: float, measured: float) -> float | None:
+    """(predicted - measured) / measured; None where nothing was measured (no moves)."""
+    return (predicted - measured) / measured if measured else None
 
 
 def compare(measured: dict, predicted: dict) -> dict:
