@@ -292,6 +292,7 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
                               "step": request.step, "wg": pending.wg,
                               "queued_s": pending.queued_at, "start_s": pending.started_at,
                               "end_s": end, "duration_s": done["duration_s"],
+                              "workspace_bytes": pending.workspace_bytes,
                               "failed": done["failed"]})
         if request.job in self.snap.jobs:
             self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,

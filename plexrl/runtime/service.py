@@ -124,6 +124,7 @@ class Service:
         """Copy a State into storage of the other tier; logs both buffers' addresses."""
         name = _name(key)
         before = self.store.location(name)
+        started = time.monotonic()
         try:
             moved = self.store.move(name, dst)
         except Exception as err:   # the previous copy stays current; the controller replans
@@ -137,7 +138,8 @@ class Service:
         self.log.append({"key": str(key), "job": key.job, "wg": self.wg,
                          "state": f"{key.copy}/{key.state}",
                          "src": str(src), "dst": str(dst), "reason": reason,
-                         "num_bytes": moved.num_bytes, "end_s": time.monotonic(),
+                         "num_bytes": moved.num_bytes, "start_s": started,
+                         "end_s": time.monotonic(),
                          "seconds": moved.seconds, "src_ptr": before,
                          "dst_ptr": self.store.location(name), "checksum": moved.checksum})
         return {"seconds": moved.seconds, "num_bytes": moved.num_bytes}
