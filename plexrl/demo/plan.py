@@ -49,21 +49,21 @@ class DemoJob:
 
 
 FULL = (
-    DemoJob("copy", "copy", 2, 3, "tiny-llama", seed=0, warmup_steps=30, steps=250,
-            prompts_per_step=16, group_size=8, max_tokens=6, verifier_s=0.08),
-    DemoJob("reverse", "reverse", 2, 3, "tiny-qwen2", seed=1, warmup_steps=60, steps=250,
-            prompts_per_step=12, group_size=8, max_tokens=6, verifier_s=0.08),
+    DemoJob("copy", "copy", 2, 3, "tiny-llama", seed=0, warmup_steps=30, steps=150,
+            prompts_per_step=16, group_size=8, max_tokens=6, verifier_s=0.15),
+    DemoJob("reverse", "reverse", 2, 3, "tiny-qwen2", seed=1, warmup_steps=60, steps=150,
+            prompts_per_step=12, group_size=8, max_tokens=6, verifier_s=0.12),
     DemoJob("spell-backward", "spell_backward", 3, 5, "tiny-qwen2", seed=3, warmup_steps=60,
-            steps=250, prompts_per_step=16, group_size=8, max_tokens=7, verifier_s=0.08),
+            steps=150, prompts_per_step=16, group_size=8, max_tokens=7, verifier_s=0.18),
 )
 
 
 def demo_jobs(quick: bool = False, scale: float = 1.0) -> tuple[DemoJob, ...]:
-    """The full demo's jobs; ``quick``: a quarter of the GRPO steps, at most 40 warm-up
+    """The full demo's jobs; ``quick``: a fifth of the GRPO steps, at most 30 warm-up
     steps; ``scale`` (hidden, tests) multiplies steps and warm-up steps (at least 2 each)."""
     jobs = FULL
     if quick:
-        jobs = tuple(replace(j, steps=j.steps // 4, warmup_steps=min(j.warmup_steps, 40))
+        jobs = tuple(replace(j, steps=j.steps // 5, warmup_steps=min(j.warmup_steps, 30))
                      for j in jobs)
     if scale != 1.0:
         jobs = tuple(replace(j, steps=max(2, round(j.steps * scale)),
