@@ -58,6 +58,7 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
     _print_plan(jobs, quick, mode, this_stamp, stream)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    _prefetch_imports(jobs)
     runtime = start_runtime()
     try:
         if record_first:
@@ -89,6 +90,17 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
     for path in written:
         print(f"wrote {path}", file=stream)
     return 0
+
+
+def _prefetch_imports(jobs) -> None:
+    """Import reasoning-gym (seconds on a loaded machine) in a daemon thread while the
+    runtime starts, when a job needs it."""
+    import importlib
+    import threading
+    from plexrl.demo.plan import GYM_TASKS
+    if any(j.task in GYM_TASKS for j in jobs):
+        threading.Thread(target=importlib.import_module, args=("reasoning_gym",),
+                         name="prefetch-reasoning-gym", daemon=True).start()
 
 
 def _print_plan(jobs, quick, mode, this_stamp, stream) -> None:

@@ -4,7 +4,7 @@ Owns: ``Progress``. On a terminal (``live``) it keeps one line per job at the bo
 output and rewrites them in place with ANSI cursor moves (at most ``refresh_s`` apart), while
 events (``say``) scroll above them; otherwise it prints a job's status line every ``every``
 steps of a phase and at the phase's last step, plus the events. Phases: ``warm-up``, ``GRPO``,
-``eval``. Thread-safe: the drivers of a shared run report from their own threads.
+``eval``, then ``done`` (the job's seconds stop). Thread-safe: the drivers of a shared run report from their own threads.
 Must not know: the runtime, the client, how a job trains.
 """
 
@@ -30,9 +30,11 @@ class Status:
     total: int = 0
     reward: float | None = None
     started_s: float | None = None      #: monotonic time of the job's start
+    ended_s: float | None = None        #: and of its end (phase "done")
 
     def line(self, name: str, now: float, width: int) -> str:
-        seconds = 0.0 if self.started_s is None else now - self.started_s
+        end = now if self.ended_s is None else self.ended_s
+        seconds = 0.0 if self.started_s is None else end - self.started_s
         steps = f"step {self.step:>4}/{self.total:<4}" if self.total else " " * 14
         reward = f"reward {self.reward:.3f}" if self.reward is not None else " " * 12
         return f"{name:<{width}} {self.phase:<8} {steps} {reward} {seconds:6.1f} s"
@@ -66,6 +68,8 @@ class Progress:
             if status.started_s is None:
                 status.started_s = self.clock()
             status.phase, status.step, status.total = phase, 0, total
+            if phase == "done":
+                status.ended_s = self.clock()
             self._draw(force=True)
 
     def step(self, job: str, step: int, reward: float | None = None) -> None:

@@ -49,12 +49,15 @@ def test_tty_rewrites_one_line_per_job_in_place():
     progress.phase("copy", "GRPO", 10)
     progress.step("copy", 3, reward=0.5)
     progress.say("copy", "an event")
+    clock.now += 2.0
+    progress.phase("copy", "done")
+    clock.now += 5.0
     progress.close()
     text = out.getvalue()
     assert "\x1b[2F" in text                 # cursor up over the 2 status lines
     assert text.count("an event") == 1
     last = text.rsplit("\x1b[2F", 1)[1]
-    assert "copy" in last and "step    3/10" in last and "reward 0.500" in last
+    assert "copy    done" in last and "reward 0.500" in last and "2.0 s" in last
 
 
 def test_the_remote_verifier_waits_its_latency_then_scores_unchanged(monkeypatch):
