@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/plexrl demo --out out/demo
+	$(BIN)/plexrl demo --out out/demo --baseline refresh
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest

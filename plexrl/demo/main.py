@@ -29,7 +29,7 @@ from plexrl.demo.plan import HELDOUT, demo_jobs
 
 WARMUP_ACC_MAX = 0.8
 TARGET_REWARD_GAIN, TARGET_ACC_GAIN = 0.15, 0.10
-BASELINES = ("auto", "skip")
+BASELINES = ("auto", "refresh", "skip")
 ISOLATED_PREFIX = "isolated-"     #: job names of a baseline recorded before the shared run
 
 
@@ -41,7 +41,8 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
              scale: float = 1.0, stream=sys.stdout, live: bool | None = None) -> int:
     """``isolated``: run the jobs one after another (``record``: write the baseline).
     Otherwise the shared run; ``baseline="auto"`` records the baseline first when ``out``
-    has none, ``"skip"`` runs shared only."""
+    has none, ``"refresh"`` records it first whatever ``out`` holds (``make demo``: the
+    baseline always comes from this code on this machine now), ``"skip"`` runs shared only."""
     from plexrl.demo.runner import start_runtime
     from plexrl.errors import ConfigError
     if record and not isolated:
@@ -52,8 +53,9 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
                           fix=f"use one of {BASELINES}")
     jobs = demo_jobs(quick, scale)
     this_stamp = rec.stamp(jobs)
-    found = None if isolated else rec.load_record(out, this_stamp, command_of(quick, out))
-    record_first = not isolated and found is None and baseline == "auto"
+    fresh = isolated or baseline == "refresh"
+    found = None if fresh else rec.load_record(out, this_stamp, command_of(quick, out))
+    record_first = not isolated and found is None and baseline in ("auto", "refresh")
     mode = "isolated" if isolated else "shared"
     _print_plan(jobs, quick, mode, this_stamp, stream)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,9 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
     runtime = start_runtime()
     try:
         if record_first:
-            print(f"\nno isolated record in {out}: recording it first (the same jobs one "
+            why = "--baseline refresh: " if baseline == "refresh" else \
+                f"no isolated record in {out}: "
+            print(f"\n{why}recording the isolated baseline first (the same jobs one "
                   f"after another, each alone on the group)", file=stream)
         if isolated or record_first:
             prefix = ISOLATED_PREFIX if record_first else ""
