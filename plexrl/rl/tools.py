@@ -77,9 +77,13 @@ def run_in_child(mode: str, source: str, limits: ToolLimits, tool: str = "") -> 
                           "limits": asdict(limits)}).encode()
     start = time.monotonic()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD)], stdin=subprocess.PIPE,
-                                stdout=out, stderr=subprocess.DEVNULL, start_new_session=True,
-                                close_fds=True, env={})
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD)],
+                                    stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL,
+                                    start_new_session=True, close_fds=True, env={})
+        except OSError as err:       # no process to run it in (fork refused): still a result
+            return ToolResult(tool, "crashed", f"not started: {err}",
+                              time.monotonic() - start, start)
         try:
             proc.stdin.write(request)
             proc.stdin.close()
@@ -176,12 +180,6 @@ class ToolReport:
             self.counts[result.kind] += 1
             self.wall_s += result.wall_s
             self.max_wall_s = max(self.max_wall_s, result.wall_s)
-
-    def merge(self, other: "ToolReport") -> None:
-        with self._lock:
-            self.counts.update(other.counts)
-            self.wall_s += other.wall_s
-            self.max_wall_s = max(self.max_wall_s, other.max_wall_s)
 
     @property
     def num_calls(self) -> int:

@@ -82,6 +82,14 @@ def test_a_signal_or_a_silent_exit_is_a_result_too():
     assert PythonTool()("print('x' * 100)\nresult = 5", FAST).text == "5"   # prints are not it
 
 
+def test_a_call_that_cannot_start_is_a_result(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr("plexrl.rl.tools.subprocess.Popen", refuse)
+    result = Calculator()("1+1", FAST)
+    assert result.kind == "crashed" and "not started" in result.text
+
+
 def test_the_toolbox_parses_the_call_that_ends_a_turn():
     box = ToolBox((Calculator(), PythonTool()))
     assert box.parse("12[3*4]") == "3*4" and box.parse("[1][2+2]") == "2+2"

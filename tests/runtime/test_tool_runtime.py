@@ -10,22 +10,12 @@ from plexrl.demo.artifacts import write_timeline
 from plexrl.rl.rollout import completion_text, rollout
 from plexrl.rl.sft import supervised_warmup
 from plexrl.rl.tasks import DigitTask, ToolArithTask
-from plexrl.rl.tasks.base import Item
+from plexrl.rl.tasks.tooluse import TranscriptTask
 from plexrl.rl.tokenizers import CharTokenizer
 from plexrl.rl.tools import PythonTool, ToolBox, ToolLimits
 from plexrl.runtime.models import model_spec
 
 STALL_S = 1.0
-
-
-class Transcripts:
-    """The tool task with the ideal tool-using transcript as each item's answer (warm-up)."""
-
-    def __init__(self, task):
-        self.task, self.alphabet = task, task.alphabet
-
-    def sample(self, n, seed, split="train"):
-        return [Item(it.prompt, self.task.transcript(it)) for it in self.task.sample(n, seed, split)]
 
 
 def test_another_jobs_calls_run_on_the_worker_group_while_a_job_waits_on_its_tools(connect,
@@ -36,7 +26,7 @@ def test_another_jobs_calls_run_on_the_worker_group_while_a_job_waits_on_its_too
     tok = CharTokenizer.for_tasks(task)
     a = runtime.register_job("tool-a", {"policy": spec}, seed=0)
     b = runtime.register_job("busy-b", {"policy": spec}, seed=1)
-    _, version = supervised_warmup(a, Transcripts(task), tok, 20, batch_size=32, lr=3e-3)
+    _, version = supervised_warmup(a, TranscriptTask(task), tok, 20, batch_size=32, lr=3e-3)
 
     stop = threading.Event()
     copy = DigitTask("copy", 2, 3)

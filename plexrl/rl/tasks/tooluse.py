@@ -1,10 +1,11 @@
 """Arithmetic a tiny model cannot do in its head but can with a calculator: a tool-use task.
 
 Owns: ``ToolArithTask`` (``"37*58="`` -> ``"2146"``), ``final_answer`` (the text after the
-last tool result, so ``"[37*58]{2146}2146"`` answers ``2146``), the exact verifier on it, and
-``transcript`` (the ideal completion, tool call and result included, for a supervised
-warm-up). The alphabet holds the call and result brackets and the letters of every tool
-result kind, so what ``ToolBox.render`` writes always encodes.
+last tool result, so ``"[37*58]{2146}2146"`` answers ``2146``), the exact verifier on it,
+``transcript`` (the ideal completion, tool call and result included) and ``TranscriptTask``
+(the task with transcripts as answers, for a supervised warm-up). The alphabet holds the
+call and result brackets and the letters of every tool result kind, so what
+``ToolBox.render`` writes always encodes.
 Must not know: tokenizers, the client, how tools run.
 """
 
@@ -62,3 +63,27 @@ class ToolArithTask:
     def transcript(self, item: Item) -> str:
         """The ideal completion: call the calculator, read its result, write it out."""
         return f"[{item.prompt[:-1]}]{{{item.answer}}}{item.answer}"
+
+
+@dataclass(frozen=True)
+class TranscriptTask:
+    """``task`` with each item's answer replaced by its ideal tool-using transcript: what a
+    supervised warm-up (``plexrl.rl.sft``) teaches before RL. The loss then covers the tool
+    result too (the warm-up cannot mask it); GENERATE stops at the call, so the model never
+    has to write a result itself."""
+
+    task: ToolArithTask
+
+    @property
+    def alphabet(self) -> str:
+        return self.task.alphabet
+
+    @property
+    def name(self) -> str:
+        return f"{self.task.name}-transcripts"
+
+    def sample(self, n: int, seed: int, split: Split = "train") -> list[Item]:
+        return [Item(it.prompt, self.task.transcript(it)) for it in self.task.sample(n, seed, split)]
+
+    def score(self, item: Item, completion: str) -> float:
+        return 1.0 if completion.strip() == item.answer else 0.0
