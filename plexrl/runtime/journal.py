@@ -109,8 +109,19 @@ class Journal:
 
     # -- jobs ---------------------------------------------------------------------------------
     def add_job(self, request: JobRequest, token: str, session: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, 'placing', ?, ?, NULL, '')",
-                         (request.job, pickle.dumps(request), token, session, time.time()))
+        """A job registered. An earlier job of that name (it ended) keeps its calls, checkpoints
+        and outcomes under ``<name>#<its token's first 8 characters>``."""
+        with self._db:
+            old = self._db.execute("SELECT token FROM jobs WHERE job = ?",
+                                   (request.job,)).fetchone()
+            if old is not None:
+                renamed = f"{request.job}#{old[0][:8]}"
+                for table in ("calls", "outcomes", "checkpoints"):
+                    self._db.execute(f"UPDATE {table} SET job = ? WHERE job = ?",
+                                     (renamed, request.job))
+            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, 'placing', ?, ?, NULL, "
+                             "'')", (request.job, pickle.dumps(request), token, session,
+                                     time.time()))
 
     def bind(self, job: str, groups: dict) -> None:
         """The job is placed and bound: its copies' worker groups."""

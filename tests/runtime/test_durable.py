@@ -59,13 +59,17 @@ def _same_state(a, b):
             for key in ("weights", "optimizer", "grads", "generator")}
 
 
-@pytest.fixture
-def uninterrupted(connect, tmp_path):
-    """The job run alone, without faults: its per-step records and final saved state."""
-    runtime = connect()
-    job = runtime.register_job("j", {"policy": SPEC}, seed=SEED)
-    steps = [grpo_like.step(job, k) for k in range(STEPS)]
-    return steps, _saved(job, tmp_path / "uninterrupted.safetensors")
+@pytest.fixture(scope="module")
+def uninterrupted(ray_session, tmp_path_factory):
+    """The job run alone, without faults (once for the module): its per-step records and
+    final saved state."""
+    from plexrl.client import Runtime
+    from plexrl.runtime.config import RuntimeConfig
+    from plexrl.runtime.transport import RayTransport
+    with Runtime(RayTransport(config=RuntimeConfig(check_invariants=True))) as runtime:
+        job = runtime.register_job("j", {"policy": SPEC}, seed=SEED)
+        steps = [grpo_like.step(job, k) for k in range(STEPS)]
+        return steps, _saved(job, tmp_path_factory.mktemp("alone") / "j.safetensors")
 
 
 @pytest.mark.parametrize("seed", [8])
@@ -106,3 +110,67 @@ def test_a_killed_controller_restarts_and_the_job_ends_bitwise_as_if_uninterrupt
     assert len(calls) == 5 * STEPS + 1 and set(outcomes.values()) == {1}
     assert {(j, s) for j, s, _ in calls} == set(outcomes)
     assert {status for *_, status in calls} == {"done"}
+
+
+def test_a_dead_service_names_the_last_checkpoint_and_the_job_resumes_from_it_bitwise(
+        connect, tmp_path, uninterrupted):
+    reference_steps, reference = uninterrupted
+    runtime = connect(groups=(("wg0", 1), ("wg1", 1)), state_dir=str(tmp_path / "state"))
+    job = runtime.register_job("j", {"policy": SPEC}, seed=SEED, save_interval=2)
+    other = runtime.register_job("other", {"policy": SPEC}, seed=5)
+    group_of = {name: next(iter(set(groups.values())))
+                for name, groups in runtime.inspect("status")["jobs"].items()}
+    assert group_of["j"] != group_of["other"]                  # spread: one job per group
+    for k in range(5):                                         # versions 1..5: saved at 2 and 4
+        grpo_like.step(job, k)
+    ray.kill(runtime.transport.service(group_of["j"]))
+    with pytest.raises(ServiceLost) as lost:
+        grpo_like.step(job, 5)
+    assert (lost.value.job, lost.value.wg, lost.value.last_version) == ("j", group_of["j"], 4)
+    assert lost.value.checkpoint.endswith("v4.safetensors")
+    assert grpo_like.step(other, 0)["tokens"].shape == (4, grpo_like.MAX_TOKENS)  # unaffected
+    # the job resumes from its last copy, on the group that is left
+    resumed = runtime.register_job("j", {"policy": SPEC}, seed=SEED, save_interval=2)
+    resumed.load(lost.value.checkpoint, version=lost.value.last_version).result()
+    resumed.sync_weights(step=lost.value.last_version).result()
+    steps = [grpo_like.step(resumed, k) for k in range(lost.value.last_version, STEPS)]
+    for k, (solo, again) in enumerate(zip(reference_steps[4:], steps), start=4):
+        assert np.array_equal(solo["tokens"], again["tokens"]), f"step {k}"
+    final = _saved(resumed, tmp_path / "resumed.safetensors")
+    assert all(_same_state(reference, final).values()), _same_state(reference, final)
+    assert set(runtime.inspect("status")["jobs"]["j"].values()) == {group_of["other"]}
+
+
+def test_after_the_whole_runtime_is_gone_a_new_one_resumes_the_job_from_its_last_checkpoint(
+        connect, tmp_path, uninterrupted):
+    from plexrl.client import Runtime
+    from plexrl.runtime.config import RuntimeConfig
+    from plexrl.runtime.transport import RayTransport
+    reference_steps, reference = uninterrupted
+    state = tmp_path / "state"
+    first = Runtime(RayTransport(config=RuntimeConfig(state_dir=str(state))))
+    job = first.register_job("j", {"policy": SPEC}, seed=SEED, save_interval=3)
+    for k in range(7):                                         # versions 1..7: saved at 3 and 6
+        grpo_like.step(job, k)
+    # everything of the runtime dies at once, without a word: controller, services, reservation
+    transport = first.transport
+    transport._closed.set()
+    service = transport.service("wg0")
+    ray.kill(transport.controller)
+    ray.kill(service)
+    ray.util.remove_placement_group(ray.util.get_placement_group(
+        f"plexrl-{transport.session}-groups"))
+    second = connect(state_dir=str(state))                     # a new runtime, the same state
+    resumable = second.inspect("resumable")
+    assert set(resumable) == {"j"} and resumable["j"]["status"] == "interrupted"
+    version, path = resumable["j"]["version"], resumable["j"]["path"]
+    assert version == 6
+    resumed = second.register_job("j", {"policy": SPEC}, seed=SEED, save_interval=3)
+    resumed.load(path, version=version).result()
+    resumed.sync_weights(step=version).result()
+    steps = [grpo_like.step(resumed, k) for k in range(version, STEPS)]
+    for k, (solo, again) in enumerate(zip(reference_steps[version:], steps), start=version):
+        assert np.array_equal(solo["tokens"], again["tokens"]), f"step {k}"
+    final = _saved(resumed, tmp_path / "resumed.safetensors")
+    assert all(_same_state(reference, final).values()), _same_state(reference, final)
+    assert second.inspect("resumable") == {}                   # registered again: not resumable
