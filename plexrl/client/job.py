@@ -28,14 +28,17 @@ class Runtime:
         self.transport = transport
 
     def register_job(self, job: str, models: dict[str | Role, ModelSpec], *, staleness: int = 0,
-                     seed: int = 0, priority: int = 0) -> "JobClient":
+                     seed: int = 0, priority: int = 0, save_interval: int = 0) -> "JobClient":
         """Register a job and wait until it is placed; a model that fits no worker group
-        raises ``PlacementError`` with the sizes."""
+        raises ``PlacementError`` with the sizes. With ``save_interval`` N the runtime
+        writes a checkpoint of the trainer every N weight versions (a job resumes from the
+        last one after a crash: ``ServiceLost.checkpoint``, ``inspect("resumable")``)."""
         if staleness not in (0, 1):
             raise ConfigError("staleness must be 0 or 1", field="staleness", value=staleness,
                               fix="0: on-policy; 1: one step off-policy")
         request = JobRequest(JobId(job), tuple((Role(r), s) for r, s in models.items()),
-                             staleness=staleness, seed=seed, priority=priority)
+                             staleness=staleness, seed=seed, priority=priority,
+                             save_interval=save_interval)
         ticket = self.transport.register(request).result()
         return JobClient(self.transport, ticket, request)
 
@@ -140,11 +143,14 @@ class JobClient:
         """Write the trainer copy's weights, optimizer state and sampling generator to ``path``."""
         return self._call(Function.SAVE, role, None, options={"path": str(path)})
 
-    def load(self, path: str, *, role: Role = Role.POLICY) -> Future:
-        """Read what ``save`` wrote back into the trainer copy: a new weight version."""
+    def load(self, path: str, *, role: Role = Role.POLICY, version: int = 0) -> Future:
+        """Read what ``save`` wrote back into the trainer copy: a new weight version, or, with
+        ``version`` (a job resuming from a checkpoint of that version), that version."""
         with self._lock:
-            self._versions[role] = self._versions.get(role, 0) + 1
+            current = self._versions.get(role, 0)
+            self._versions[role] = version if version > current else current + 1
             return self._call(Function.LOAD, role, None, options={"path": str(path)},
+                              version=self._versions[role] if version > current else 0,
                               locked=True)
 
     def end(self) -> None:

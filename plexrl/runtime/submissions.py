@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import secrets
 import sys
 import time
@@ -77,8 +78,19 @@ class SubmittedJobs:
             raise AuthError("this controller already serves with another operator token")
         self._operator = digest
         self._served = {"run_dir": run_dir, "address": address, "name": name}
+        await self._up()   # the journal keeps both, so a restarted controller still serves
+        self.journal.put("operator", digest.hex())
+        self.journal.put("served", json.dumps(self._served))
         Path(run_dir, "logs").mkdir(mode=0o700, parents=True, exist_ok=True)   # owner only
         return await self.info()
+
+    def _service_restore(self) -> None:
+        """After a controller restart: the operator token and serving details ``serve`` set.
+        (Programs it started keep running; the restarted controller no longer lists them.)"""
+        digest = self.journal.get("operator")
+        if digest is not None:
+            self._operator = bytes.fromhex(digest)
+            self._served = json.loads(self.journal.get("served", "{}"))
 
     def _is_operator(self, token: str) -> bool:
         return self._operator is not None and secrets.compare_digest(
