@@ -139,6 +139,8 @@ class SubmittedJobs:
         self.submitted[job] = SubmittedJob(submission, record.token, self._orders, log_path)
         self._orders += 1
         self.jobs[job] = record
+        self.lost_jobs.pop(job, None)
+        self.journal.add_job(request, record.token, self.session)   # as register does
         self._fold(ev.JobSubmitted(spec=spec, at=time.monotonic()))
         self._plan()
         self._spawn(self._supervise(job, record))
