@@ -49,7 +49,7 @@ def test_a_fresh_out_records_the_baseline_first_then_compares(ray_session, tmp_p
     assert run_demo(quick=True, out=tmp_path, isolated=False, record=False, scale=SCALE,
                     stream=out) == 0
     text = out.getvalue()
-    assert "recording it first" in text and "saving:" in text and "verifier" in text
+    assert "recording the isolated baseline first" in text and "saving:" in text and "verifier" in text
     record = json.loads((tmp_path / rec.RECORD).read_text())
     jobs = demo_jobs(True, SCALE)
     assert record["stamp"] == rec.stamp(jobs) and set(record["jobs"]) == {j.name for j in jobs}
@@ -69,6 +69,18 @@ def test_a_record_of_another_config_is_refused_before_anything_runs(tmp_path):
         run_demo(quick=True, out=tmp_path, isolated=False, record=False, scale=SCALE,
                  stream=io.StringIO())
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.RECORD]
+
+
+def test_baseline_refresh_replaces_a_record_of_other_code(ray_session, tmp_path):
+    """What ``make demo`` runs: a record of other code (an edit since) is re-recorded, not
+    refused, and the shared run compares to the new one."""
+    jobs = demo_jobs(True, SCALE)
+    rec.write_record(tmp_path, rec.stamp(jobs, version="other-code"), {"usage": {}, "jobs": {}})
+    out = io.StringIO()
+    assert run_demo(quick=True, out=tmp_path, isolated=False, record=False, scale=SCALE,
+                    baseline="refresh", stream=out) == 0
+    assert "--baseline refresh: recording" in out.getvalue() and "saving:" in out.getvalue()
+    assert json.loads((tmp_path / rec.RECORD).read_text())["stamp"] == rec.stamp(jobs)
 
 
 def test_a_record_of_other_code_or_seeds_names_what_differs(tmp_path):
