@@ -52,6 +52,10 @@ class RuntimeConfig:
                                 doc="nominal host<->device copy rate, until measured")
     lease_s: float = option(30.0, unit="s", min=0.1,
                             doc="a job whose driver is silent this long is ended and freed")
+    observe_host: str = option("127.0.0.1", doc="address of the metrics and dashboard server "
+                                                "(loopback unless told otherwise)")
+    observe_port: int = option(0, unit="count", min=0, max=65535,
+                               doc="its port; 0: one the OS picks (inspect('endpoints') says)")
 
     @property
     def num_devices(self) -> int:

@@ -6,7 +6,8 @@ a ``PlacementError``), admitting each job's calls in its sequence-number order w
 they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
 an asyncio Ray actor, so every fold and plan happens on one thread. It also ends jobs whose
-driver stopped renewing its lease. It decides and never carries tensors: a call's payload
+driver stopped renewing its lease, and serves its metrics and dashboard (``endpoints.py``,
+on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
 Must not know: torch, what a call computes, how bytes move.
 """
@@ -30,6 +31,7 @@ from plexrl.errors import (AuthError, CallError, ConfigError, LeaseExpired, Orde
 from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
+from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
                                  job_spec, workspace_bytes)
@@ -46,12 +48,15 @@ class Controller:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
+        self.endpoints: Endpoints | None = None   #: metrics and dashboard (endpoints.py)
 
     async def start(self) -> dict:
         self.executor = await Executor.start(self.config, self.session)
         self.snap = Snapshot(cluster=cluster_spec(self.config, self.executor.nodes),
                              config=self.config.core_config())
         self._spawn(self._expire_leases())
+        self.endpoints = await Endpoints.start(self, self.config.observe_host,
+                                               self.config.observe_port)
         return await self.info()
 
     async def info(self) -> dict:
@@ -134,6 +139,10 @@ class Controller:
             stats = await asyncio.gather(*(s.stats.remote()
                                            for s in self.executor.services.values()))
             return dict(zip(self.executor.services, stats))
+        if what == "endpoints":   # where to read metrics and the dashboard (plexrl status)
+            return self.endpoints.urls()
+        if what == "clock":       # the records' clock: its zero (start) and now, monotonic s
+            return {"started_s": self.endpoints.started_s, "now_s": time.monotonic()}
         if what == "status":
             return {"jobs": {j: {str(k): v for k, v in r.groups.items()}
                              for j, r in self.jobs.items()},
@@ -141,7 +150,8 @@ class Controller:
                                for k, v in self.snap.states.items()},
                     "queued": len(self.snap.queued), "running": len(self.snap.running)}
         raise ConfigError("nothing to inspect by this name", value=what,
-                          fix="one of calls, transitions, failed-transitions, bytes, status")
+                          fix="one of calls, transitions, failed-transitions, bytes, status, "
+                              "endpoints, clock")
 
     async def service(self, wg: str):
         """The handle of a worker group's service actor (tests, tools)."""
@@ -151,6 +161,7 @@ class Controller:
         for job, record in list(self.jobs.items()):
             await self._end_job(job, record, CallError(f"runtime shut down; job {job} ended",
                                                        job=job))
+        await self.endpoints.stop()
         await self.executor.shutdown()
 
     # -- calls in order ----------------------------------------------------------------------
