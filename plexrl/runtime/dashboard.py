@@ -113,7 +113,8 @@ td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
 <script>
 let state = %STATE%;
 const esc = s => String(s).replace(/[&<>'"]/g, c => "&#" + c.charCodeAt(0) + ";");
-const hue = s => { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) % 360; return h; };
+const hue = s => { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) % 100003;
+                   return (h * 137.508) % 360; };   // near names, far hues
 const mib = b => (b / 1048576).toFixed(1) + " MiB";
 function draw() {
   const s = state, t0 = s.now_s - s.timeline_s;
