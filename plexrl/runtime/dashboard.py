@@ -22,18 +22,18 @@ POLL_MS = 1000
 
 
 def dashboard_state(call_log: list[dict], snap: Snapshot, now: float, started_s: float,
-                    window_s: float = 60.0) -> dict:
-    """The page's state at ``now`` (the controller's monotonic clock)."""
+                    readings: dict, window_s: float = 60.0) -> dict:
+    """The page's state at ``now`` (the controller's monotonic clock); ``readings``:
+    ``observe.readings`` at the same moment."""
     def rel(t: float) -> float:
         return round(t - started_s, 3)
-    util = observe.utilisation(call_log, snap, now, window_s, started_s)
-    slow = observe.slowdowns(call_log, snap.running.values(), snap.queued, now, set(snap.jobs))
+    util, slow = readings["utilisation"], readings["slowdowns"]
     devices = {wg: g.num_devices for wg, g in snap.cluster.worker_groups.items()}
-    since = now - TIMELINE_S
+    recent = _recent(call_log, now - TIMELINE_S)
     groups = []
     for wg in snap.group_order:
         spans = [{"job": c["job"], "function": c["function"], "start_s": rel(c["start_s"]),
-                  "end_s": rel(c["end_s"])} for c in call_log if c["wg"] == wg and c["end_s"] > since]
+                  "end_s": rel(c["end_s"])} for c in recent if c["wg"] == wg]
         running = snap.running.get(wg)
         if running is not None:
             spans.append({"job": running.job, "function": str(running.function),
@@ -56,13 +56,23 @@ def dashboard_state(call_log: list[dict], snap: Snapshot, now: float, started_s:
                 tiers[str(state.tier)] = tiers.get(str(state.tier), 0) + state.num_bytes
         s = slow.get(job, {"slowdown": 1.0, "blocked_s": 0.0, "elapsed_s": 0.0})
         jobs.append({"job": job, "groups": sorted(set(view.bindings.values())), "tiers": tiers,
-                     "num_calls": sum(1 for c in call_log if c["job"] == job),
+                     "num_calls": s.get("num_calls", 0),
                      "slowdown": round(s["slowdown"], 4), "blocked_s": round(s["blocked_s"], 3),
                      "elapsed_s": round(s["elapsed_s"], 3)})
-    saving = observe.saving(call_log, slow, devices, now, snap.running)
+    saving = readings["saving"]
     return {"now_s": rel(now), "timeline_s": TIMELINE_S, "window_s": window_s,
             "worker_groups": groups, "queues": queues, "pending": pending, "jobs": jobs,
             "saving": {k: round(v, 4) for k, v in saving.items()}}
+
+
+def _recent(call_log: list[dict], since: float) -> list[dict]:
+    """The calls that ended after ``since`` (the log is in end order: read from its end)."""
+    out = []
+    for c in reversed(call_log):
+        if c["end_s"] <= since:
+            break
+        out.append(c)
+    return out[::-1]
 
 
 def render_page(state: dict) -> str:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 
+from plexrl.runtime import observe
 from plexrl.runtime.dashboard import dashboard_state, render_page
 from plexrl.runtime.metrics import CONTENT_TYPE, RuntimeMetrics
 
@@ -29,6 +30,7 @@ class Endpoints:
         self.started_s = started_s                 #: the controller's start, monotonic s
         self.window_s = window_s
         self.metrics = RuntimeMetrics(window_s)
+        self.tally = observe.Tally()
         self._server: asyncio.AbstractServer | None = None
         self.host, self.port = "", 0
 
@@ -57,12 +59,17 @@ class Endpoints:
         logs = await asyncio.gather(*(services[wg].transitions.remote(
             False, self.metrics.num_moves.get(wg, 0)) for wg in names))
         self.metrics.update(self.controller.call_log, self.controller.snap,
-                            dict(zip(names, logs)), time.monotonic(), self.started_s)
+                            dict(zip(names, logs)), self.readings(time.monotonic()))
         return self.metrics.render()
 
+    def readings(self, now: float) -> dict:
+        return observe.readings(self.tally, self.controller.call_log, self.controller.snap, now,
+                                self.started_s, self.window_s)
+
     def state(self) -> dict:
-        return dashboard_state(self.controller.call_log, self.controller.snap, time.monotonic(),
-                               self.started_s, self.window_s)
+        now = time.monotonic()
+        return dashboard_state(self.controller.call_log, self.controller.snap, now,
+                               self.started_s, self.readings(now), self.window_s)
 
     async def _answer(self, path: str) -> tuple[int, str, bytes]:
         route = path.split("?", 1)[0]

@@ -13,8 +13,8 @@ cursor (each record counted once), gauges are set afresh from the Snapshot.
 - ``plexrl_tier_bytes{wg,tier}`` (the core's view of the States bound to a group, per tier)
 - ``plexrl_queued_calls{wg}``, ``plexrl_busy_seconds_total{wg}``,
   ``plexrl_worker_group_utilisation{wg}`` (share of the last ``window_s``)
-- ``plexrl_job_slowdown{job}`` (against running alone, ``observe.slowdowns``),
-  ``plexrl_saving_frac`` (against isolated, ``observe.saving``)
+- ``plexrl_job_slowdown{job}`` (against running alone, ``observe.Tally.slowdowns``),
+  ``plexrl_saving_frac`` (against isolated, ``observe.Tally.saving``)
 
 Must not know: HTTP, Ray, how the records are made.
 """
@@ -26,7 +26,6 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from plexrl.core.snapshot import Snapshot
-from plexrl.runtime import observe
 
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -69,8 +68,9 @@ class RuntimeMetrics:
         self._last_job: dict[str, str] = {}
 
     def update(self, call_log: list[dict], snap: Snapshot, new_moves: dict[str, list[dict]],
-               now: float, started_s: float) -> None:
-        """Count the call log past the cursor and the new transitions; set every gauge."""
+               readings: dict) -> None:
+        """Count the call log past the cursor and the new transitions; set every gauge
+        (``readings``: ``observe.readings`` at the same moment)."""
         for c in call_log[self.num_calls:]:
             self._count_call(c)
         self.num_calls = len(call_log)
@@ -79,7 +79,7 @@ class RuntimeMetrics:
                 self.moved.labels(wg, t["src"], t["dst"]).inc(t["num_bytes"])
                 self.moves.labels(wg, t["src"], t["dst"]).inc()
             self.num_moves[wg] = self.num_moves.get(wg, 0) + len(moves)
-        self._set_gauges(call_log, snap, now, started_s)
+        self._set_gauges(snap, readings)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -97,8 +97,7 @@ class RuntimeMetrics:
             self.switches.labels(c["wg"]).inc()
         self._last_job[c["wg"]] = c["job"]
 
-    def _set_gauges(self, call_log: list[dict], snap: Snapshot, now: float,
-                    started_s: float) -> None:
+    def _set_gauges(self, snap: Snapshot, readings: dict) -> None:
         for gauge in (self.tier_bytes, self.queued, self.slowdown):
             gauge.clear()
         for wg, views in snap.states_by_group.items():
@@ -107,13 +106,9 @@ class RuntimeMetrics:
                     sum(v.num_bytes for v in views.values() if v.tier == tier))
         for wg in snap.group_order:
             self.queued.labels(wg).set(len(snap.queued_by_group.get(wg, ())))
-        for wg, frac in observe.utilisation(call_log, snap, now, self.window_s,
-                                            started_s).items():
+        for wg, frac in readings["utilisation"].items():
             self.utilisation.labels(wg).set(frac)
-        slow = observe.slowdowns(call_log, snap.running.values(), snap.queued, now,
-                                 set(snap.jobs))
-        for job, s in slow.items():
+        for job, s in readings["slowdowns"].items():
             if job in snap.jobs:
                 self.slowdown.labels(job).set(s["slowdown"])
-        devices = {wg: g.num_devices for wg, g in snap.cluster.worker_groups.items()}
-        self.saving.set(observe.saving(call_log, slow, devices, now, snap.running)["saving_frac"])
+        self.saving.set(readings["saving"]["saving_frac"])

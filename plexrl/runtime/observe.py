@@ -46,16 +46,17 @@ def length_s(intervals: Iterable[Interval]) -> float:
 
 
 def minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """Disjoint sorted intervals ``a`` less disjoint sorted intervals ``b``."""
-    out = []
+    """Disjoint sorted intervals ``a`` less disjoint sorted intervals ``b`` (one pass)."""
+    out, j = [], 0
     for start, end in a:
-        cursor = start
-        for lo, hi in b:
-            if hi <= cursor or lo >= end:
-                continue
-            if lo > cursor:
-                out.append((cursor, lo))
-            cursor = max(cursor, hi)
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        cursor, k = start, j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                out.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
         if cursor < end:
             out.append((cursor, end))
     return out
@@ -73,68 +74,156 @@ def busy_s(calls: Iterable[dict], since: float, until: float,
 def utilisation(calls: list[dict], snap: Snapshot, now: float, window_s: float,
                 started_s: float) -> dict[str, float]:
     """Per worker group: the share of the last ``window_s`` (or since ``started_s``, if
-    later) it ran a call, the running one included."""
+    later) it ran a call, the running one included. ``calls`` in end order (the call log's):
+    only its tail inside the window is read."""
     since = max(now - window_s, started_s)
     span = now - since
+    recent: dict[str, list[dict]] = {}
+    for c in reversed(calls):
+        if c["end_s"] <= since:
+            break
+        recent.setdefault(c["wg"], []).append(c)
     out = {}
     for wg in snap.group_order:
         running = snap.running.get(wg)
-        mine = [c for c in calls if c["wg"] == wg and c["end_s"] > since]
-        busy = busy_s(mine, since, now, running.started_at if running else None)
+        busy = busy_s(recent.get(wg, ()), since, now, running.started_at if running else None)
         out[wg] = busy / span if span > 0 else 0.0
     return out
 
 
+class JobTally:
+    """One job's calls so far: its first queueing, last end, calls, groups, and its blocked
+    time, frozen up to a horizon before which no interval can change any more."""
+
+    def __init__(self, first_s: float):
+        self.first_s, self.last_end_s = first_s, first_s
+        self.num_calls = 0
+        self.groups: set[str] = set()
+        self.frozen_s = float("-inf")     #: blocked time before this is in ``blocked_s``
+        self.blocked_s = 0.0
+        self.waits: list[Interval] = []   #: after ``frozen_s``
+        self.runs: list[Interval] = []
+
+    def add(self, c: dict) -> None:
+        self.first_s = min(self.first_s, c["queued_s"])
+        self.last_end_s = max(self.last_end_s, c["end_s"])
+        self.num_calls += 1
+        self.groups.add(c["wg"])
+        self.waits.append((max(c["queued_s"], self.frozen_s), c["start_s"]))
+        self.runs.append((max(c["start_s"], self.frozen_s), c["end_s"]))
+
+    def freeze(self, horizon: float) -> None:
+        """Count the blocked time before ``horizon`` once; keep only what lies after it."""
+        if horizon <= self.frozen_s:
+            return
+        waits, runs = union_s(self.waits), union_s(self.runs)
+        self.blocked_s += length_s(minus(_before(waits, horizon), _before(runs, horizon)))
+        self.waits, self.runs = _after(waits, horizon), _after(runs, horizon)
+        self.frozen_s = horizon
+
+    def blocked_with(self, waits: list[Interval], runs: list[Interval]) -> float:
+        """Blocked seconds, counting also the waits and runs of calls not logged yet."""
+        clip = [(max(a, self.frozen_s), b) for a, b in waits]
+        runs = [(max(a, self.frozen_s), b) for a, b in runs]
+        return self.blocked_s + length_s(minus(union_s(self.waits + clip),
+                                               union_s(self.runs + runs)))
+
+
+def _before(intervals: list[Interval], t: float) -> list[Interval]:
+    return [(a, min(b, t)) for a, b in intervals if a < t]
+
+
+def _after(intervals: list[Interval], t: float) -> list[Interval]:
+    return [(max(a, t), b) for a, b in intervals if b > t]
+
+
+class Tally:
+    """Running sums over the append-only call log: each record is read once (``update``);
+    the readings then cost the jobs' recent calls, not the whole log."""
+
+    def __init__(self):
+        self.num_calls = 0
+        self.jobs: dict[str, JobTally] = {}
+        self.held: dict[str, list[float]] = {}   #: wg -> [first queued, last end]
+
+    def update(self, call_log: list[dict]) -> None:
+        for c in call_log[self.num_calls:]:
+            self.jobs.setdefault(c["job"], JobTally(c["queued_s"])).add(c)
+            span = self.held.setdefault(c["wg"], [c["queued_s"], c["end_s"]])
+            span[0], span[1] = min(span[0], c["queued_s"]), max(span[1], c["end_s"])
+        self.num_calls = len(call_log)
+
+    def slowdowns(self, running: Iterable[CallView], queued: Iterable[CallView], now: float,
+                  live: set[str]) -> dict[str, dict]:
+        """Per job: elapsed_s, blocked_s, slowdown = elapsed / (elapsed - blocked), and
+        num_calls (logged). A job
+        still registered (``live``) runs until ``now``; others until their last call ended.
+        Freezes each job's tally before its oldest call still queued or running."""
+        waits: dict[str, list[Interval]] = {}
+        runs: dict[str, list[Interval]] = {}
+        horizon: dict[str, float] = {}
+        for view in running:
+            runs.setdefault(view.job, []).append((view.started_at, now))
+            waits.setdefault(view.job, []).append((view.queued_at, view.started_at))
+            horizon[view.job] = min(horizon.get(view.job, now), view.queued_at)
+        for view in queued:
+            waits.setdefault(view.job, []).append((view.queued_at, now))
+            horizon[view.job] = min(horizon.get(view.job, now), view.queued_at)
+        for job in horizon:
+            if job not in self.jobs:
+                self.jobs[job] = JobTally(horizon[job])
+        out = {}
+        for job in sorted(self.jobs):
+            tally = self.jobs[job]
+            tally.freeze(horizon.get(job, now))
+            first = min([tally.first_s] + [a for a, _ in waits.get(job, [])])
+            end = now if job in live else tally.last_end_s
+            blocked = tally.blocked_with(waits.get(job, []), runs.get(job, []))
+            elapsed = max(0.0, end - first)
+            alone = elapsed - blocked
+            out[job] = {"elapsed_s": elapsed, "blocked_s": blocked,
+                        "slowdown": elapsed / alone if alone > 0 else 1.0,
+                        "num_calls": tally.num_calls}
+        return out
+
+    def saving(self, slow: dict[str, dict], devices: dict[str, int], now: float,
+               busy_groups: Iterable[str] = ()) -> dict:
+        """Shared against isolated device-seconds (see the module docstring). A group is held
+        from its first call's queueing to its last call's end (``now`` while it is busy)."""
+        held = {wg: (a, now if wg in busy_groups else b) for wg, (a, b) in self.held.items()}
+        shared = sum(devices.get(wg, 1) * (end - start) for wg, (start, end) in held.items())
+        isolated = sum(sum(devices.get(wg, 1) for wg in self.jobs[job].groups) *
+                       (s["elapsed_s"] - s["blocked_s"]) for job, s in slow.items()
+                       if job in self.jobs)
+        return {"shared_device_s": shared, "isolated_device_s": isolated,
+                "saving_frac": 1 - shared / isolated if isolated > 0 else 0.0}
+
+
+def readings(tally: Tally, call_log: list[dict], snap: Snapshot, now: float, started_s: float,
+             window_s: float) -> dict:
+    """What the metrics and the dashboard show at ``now``: utilisation per group, slowdown
+    per job, the saving against isolated (``tally`` brought up to date first)."""
+    tally.update(call_log)
+    slow = tally.slowdowns(snap.running.values(), snap.queued, now, set(snap.jobs))
+    devices = {wg: g.num_devices for wg, g in snap.cluster.worker_groups.items()}
+    return {"utilisation": utilisation(call_log, snap, now, window_s, started_s),
+            "slowdowns": slow, "saving": tally.saving(slow, devices, now, snap.running)}
+
+
 def slowdowns(calls: list[dict], running: Iterable[CallView], queued: Iterable[CallView],
               now: float, live: set[str]) -> dict[str, dict]:
-    """Per job: elapsed_s, blocked_s and slowdown = elapsed / (elapsed - blocked). A job
-    still registered (``live``) runs until ``now``; others until their last call ended."""
-    waits: dict[str, list[Interval]] = {}
-    runs: dict[str, list[Interval]] = {}
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for c in calls:
-        job = c["job"]
-        waits.setdefault(job, []).append((c["queued_s"], c["start_s"]))
-        runs.setdefault(job, []).append((c["start_s"], c["end_s"]))
-        first[job] = min(first.get(job, c["queued_s"]), c["queued_s"])
-        last[job] = max(last.get(job, c["end_s"]), c["end_s"])
-    for view in running:
-        runs.setdefault(view.job, []).append((view.started_at, now))
-        waits.setdefault(view.job, []).append((view.queued_at, view.started_at))
-        first[view.job] = min(first.get(view.job, view.queued_at), view.queued_at)
-    for view in queued:
-        waits.setdefault(view.job, []).append((view.queued_at, now))
-        first[view.job] = min(first.get(view.job, view.queued_at), view.queued_at)
-    out = {}
-    for job in sorted(first):
-        end = now if job in live else last.get(job, now)
-        blocked = length_s(minus(union_s(waits.get(job, [])), union_s(runs.get(job, []))))
-        elapsed = max(0.0, end - first[job])
-        alone = elapsed - blocked
-        out[job] = {"elapsed_s": elapsed, "blocked_s": blocked,
-                    "slowdown": elapsed / alone if alone > 0 else 1.0}
-    return out
+    """``Tally.slowdowns`` of these calls (tests, tools)."""
+    tally = Tally()
+    tally.update(calls)
+    return tally.slowdowns(running, queued, now, live)
 
 
-def saving(calls: list[dict], slow: dict[str, dict], devices: dict[str, int],
-           now: float, busy_groups: Iterable[str] = ()) -> dict:
-    """Shared against isolated device-seconds (see the module docstring). A group is held
-    from its first call's queueing to its last call's end (``now`` while it is busy)."""
-    held: dict[str, list[float]] = {}
-    groups_of: dict[str, set[str]] = {}
-    for c in calls:
-        span = held.setdefault(c["wg"], [c["queued_s"], c["end_s"]])
-        span[0], span[1] = min(span[0], c["queued_s"]), max(span[1], c["end_s"])
-        groups_of.setdefault(c["job"], set()).add(c["wg"])
-    for wg in busy_groups:
-        if wg in held:
-            held[wg][1] = now
-    shared = sum(devices.get(wg, 1) * (end - start) for wg, (start, end) in held.items())
-    isolated = sum(sum(devices.get(wg, 1) for wg in groups_of.get(job, ())) *
-                   (s["elapsed_s"] - s["blocked_s"]) for job, s in slow.items())
-    return {"shared_device_s": shared, "isolated_device_s": isolated,
-            "saving_frac": 1 - shared / isolated if isolated > 0 else 0.0}
+def saving(calls: list[dict], slow: dict[str, dict], devices: dict[str, int], now: float,
+           busy_groups: Iterable[str] = ()) -> dict:
+    """``Tally.saving`` of these calls (tests, tools)."""
+    tally = Tally()
+    tally.update(calls)
+    return tally.saving(slow, devices, now, busy_groups)
 
 
 def switches(calls: Iterable[dict]) -> dict[str, int]:

@@ -28,8 +28,10 @@ def test_interval_union_and_difference():
 def test_slowdown_counts_only_the_time_a_job_waited_with_nothing_of_it_running():
     calls = [rec("a", 0.0, 0.0, 1.0), rec("b", 0.2, 1.0, 1.5), rec("a", 1.1, 1.5, 2.0)]
     slow = observe.slowdowns(calls, (), (), now=3.0, live={"a"})
-    assert slow["b"] == pytest.approx({"elapsed_s": 1.3, "blocked_s": 0.8, "slowdown": 1.3 / 0.5})
-    assert slow["a"] == pytest.approx({"elapsed_s": 3.0, "blocked_s": 0.4, "slowdown": 3.0 / 2.6})
+    assert slow["b"] == pytest.approx({"elapsed_s": 1.3, "blocked_s": 0.8, "slowdown": 1.3 / 0.5,
+                                       "num_calls": 1})
+    assert slow["a"] == pytest.approx({"elapsed_s": 3.0, "blocked_s": 0.4, "slowdown": 3.0 / 2.6,
+                                       "num_calls": 2})
 
 
 def test_saving_compares_held_device_seconds_with_each_job_alone_for_its_unblocked_time():
