@@ -141,6 +141,15 @@ def test_a_trace_of_the_shared_run_interleaves_both_jobs_on_the_group_track(shar
     assert spans and {e["args"]["job"] for e in spans if "job" in e["args"]} == {JOBS[0]}
 
 
+_READ_PAGE = """
+const all = sel => Array.from(document.querySelectorAll(sel));
+return {jobs: all("#jobs td.job").map(e => e.innerText),
+        util: document.querySelector("#groups td.util[data-wg='wg0']").innerText,
+        groups: document.getElementById("groups").innerText,
+        lanes: all(".lane[data-wg='wg0'] .span").map(e => e.title)};
+"""
+
+
 @pytest.mark.skipif(not CHROMEDRIVER.exists(), reason="needs Debian's chromium-driver "
                     "(.ci/run installs it: apt-get install -y chromium chromium-driver)")
 def test_the_dashboard_shows_both_jobs_their_group_and_utilisation_in_a_browser(shared_run):
@@ -163,16 +172,12 @@ def test_the_dashboard_shows_both_jobs_their_group_and_utilisation_in_a_browser(
         first = driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated")
         WebDriverWait(driver, 30).until(   # the script polled and redrew at least once
             lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != first)
-        jobs = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#jobs td.job")]
-        util = driver.find_element(By.CSS_SELECTOR, "#groups td.util[data-wg='wg0']").text
-        groups = driver.find_element(By.ID, "groups").text
-        lanes = [e.get_attribute("title") for e in
-                 driver.find_elements(By.CSS_SELECTOR, ".lane[data-wg='wg0'] .span")]
+        page = driver.execute_script(_READ_PAGE)   # in one go: the script redraws every second
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
     finally:
         driver.quit()
-    assert set(jobs) == set(JOBS)
-    assert "wg0" in groups and float(util.rstrip("%")) > 0
-    assert {title.split()[0] for title in lanes} == set(JOBS)   # the group's timeline
+    assert set(page["jobs"]) == set(JOBS)
+    assert "wg0" in page["groups"] and float(page["util"].rstrip("%")) > 0
+    assert {title.split()[0] for title in page["lanes"]} == set(JOBS)   # the group's timeline
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 0

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from plexrl.protocol import Function
 from plexrl.runtime import observe
@@ -62,3 +64,39 @@ def test_a_queued_call_says_why_it_waits():
     snap = cb.dispatch(snap, 1)
     assert observe.wait_reason(snap, cb.call_view(snap, 2)) == "after its job's call #0 on policy/rollout"
     assert observe.wait_reason(snap, cb.call_view(snap, 3)) == "group busy: a generate"
+
+
+class Live:
+    """The fields of a queued or running CallView that ``Tally.slowdowns`` reads."""
+
+    def __init__(self, c):
+        self.job, self.queued_at, self.started_at = c["job"], c["queued_s"], c["start_s"]
+
+
+@st.composite
+def shared_runs(draw):
+    """Calls of jobs a and b on one group, one at a time, each job's calls in order."""
+    calls, t, ready = [], 0.0, {"a": 0.0, "b": 0.0}
+    for _ in range(draw(st.integers(1, 10))):
+        job = draw(st.sampled_from("ab"))
+        queued = ready[job] + draw(st.floats(0, 1))
+        start = max(t, queued) + draw(st.floats(0, 0.5))
+        t = start + draw(st.floats(0.01, 1))
+        ready[job] = t
+        calls.append(rec(job, queued, start, t))
+    return calls
+
+
+@given(shared_runs(), st.lists(st.floats(0, 12), max_size=6))
+def test_the_running_tally_reads_each_record_once_and_agrees_with_a_fresh_one(calls, times):
+    tally, log = observe.Tally(), sorted(calls, key=lambda c: c["end_s"])
+    for now in sorted(times) + [log[-1]["end_s"] + 1]:
+        done = [c for c in log if c["end_s"] <= now]
+        running = [Live(c) for c in log if c["start_s"] <= now < c["end_s"]]
+        queued = [Live(c) for c in log if c["queued_s"] <= now < c["start_s"]]
+        tally.update(done)
+        got = tally.slowdowns(running, queued, now, live={"a", "b"})
+        fresh = observe.slowdowns(done, running, queued, now, live={"a", "b"})
+        assert got.keys() == fresh.keys()
+        for job in got:
+            assert got[job] == pytest.approx(fresh[job], abs=1e-9), job
