@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/plexrl sim paper-e2e --out out/paper-e2e
+	$(BIN)/plexrl demo --out out/demo --baseline refresh
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest

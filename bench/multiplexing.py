@@ -247,10 +247,14 @@ def run_shared(runtime, plans: list[JobPlan], warmup: int, steps: int) -> dict:
             "queued_idle_s": queued_idle_s(calls), "transitions": moves(transitions, start, end)}
 
 
+def group_config(device_bytes: int) -> RuntimeConfig:
+    """One worker group of 1 emulated device of ``device_bytes``."""
+    return RuntimeConfig(device_bytes=device_bytes, worker_groups=(WorkerGroupConfig("wg0", 1),))
+
+
 def one_group(device_bytes: int):
     """A runtime of one worker group of 1 emulated device, opened through the client."""
-    config = RuntimeConfig(device_bytes=device_bytes, worker_groups=(WorkerGroupConfig("wg0", 1),))
-    return plexrl.connect(None, config=config)
+    return plexrl.connect(None, config=group_config(device_bytes))
 
 
 # -- the device budget --------------------------------------------------------------------------
@@ -288,9 +292,11 @@ def device_budget(plans, swap: bool) -> dict:
 
 
 # -- the bench ----------------------------------------------------------------------------------
-def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, swap: bool = True) -> dict:
+def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, swap: bool = True,
+            logs: dict | None = None) -> dict:
     """One runtime, one worker group of 1 device: the isolated runs (which calibrate the
-    waits), then the shared run on the same group; the report."""
+    waits), then the shared run on the same group; the report. ``logs``, if given, receives
+    the runtime's call and transition logs and its config (bench/sim_vs_runtime.py)."""
     if warmup < 1 or steps < 1:
         raise ValueError("the bench needs at least one warm-up step and one timed step")
     budget = device_budget(plans, swap)
@@ -301,6 +307,9 @@ def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, swap: bool = True) 
             plan, alone[plan.name] = run_isolated(runtime, plan, warmup, steps)
             tuned.append(plan)
         shared = run_shared(runtime, tuned, warmup, steps)
+        if logs is not None:
+            logs.update(calls=runtime.inspect("calls"), transitions=runtime.inspect("transitions"),
+                        config=group_config(budget["device_bytes"]))
     finally:
         runtime.close()
     return report(tuned, alone, shared, steps, budget)

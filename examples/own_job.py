@@ -3,14 +3,19 @@
 The job is written against the client only: it registers its model, then calls GENERATE,
 LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP and SYNC_WEIGHTS, each returning a future. Run it
 with ``.venv/bin/python examples/own_job.py``; it starts the embedded local runtime (Ray on
-loopback) and prints the mean reward of each step.
+loopback) and prints the mean reward of each step. Submitted with ``plexrl submit
+examples/jobs/own-job.toml``, it attaches instead to the job the running controller placed
+(``plexrl.client.connect_submitted``).
 """
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 import plexrl
+from plexrl.client import connect_submitted
 from plexrl.runtime.models import model_spec
 
 PROMPTS = [[1, 5, 9], [1, 7], [1, 3, 4]]
@@ -28,9 +33,13 @@ def batch_of(prompts, out) -> dict[str, np.ndarray]:
 
 
 def main(steps: int = 15, seed: int = 0, address: str | None = None) -> list[float]:
-    runtime = plexrl.connect(address)             # None: the embedded local runtime
-    job = runtime.register_job("my-job", {"policy": model_spec("policy", source="tiny-qwen2")},
-                               seed=seed)
+    submitted = connect_submitted()               # started by `plexrl submit`?
+    if submitted is not None:
+        runtime, job = submitted
+    else:
+        runtime = plexrl.connect(address)         # None: the embedded local runtime
+        job = runtime.register_job("my-job", {"policy": model_spec("policy", source="tiny-qwen2")},
+                                   seed=seed)
     prompts = [p for p in PROMPTS for _ in range(GROUP)]
     rewards_by_step = []
     for step in range(steps):
@@ -46,11 +55,15 @@ def main(steps: int = 15, seed: int = 0, address: str | None = None) -> list[flo
         job.optim_step(lr=2e-2, step=step).result()
         job.sync_weights(step=step).result()       # the next GENERATE samples the new weights
         rewards_by_step.append(float(rewards.mean()))
-        print(f"step {step:2d}  reward {rewards_by_step[-1]:.3f}")
+        print(f"step {step:2d}  reward {rewards_by_step[-1]:.3f}", flush=True)
     job.end()
     runtime.close()
     return rewards_by_step
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    main(steps=args.steps, seed=args.seed)

@@ -90,11 +90,14 @@ class OrderError(PlexError, ValueError):
 
 
 class ServiceLost(PlexError, RuntimeError):
-    """The service actor of a worker group died; its jobs' calls cannot run."""
+    """The service actor of a worker group died; its jobs' calls cannot run. Carries the
+    job's last durable version and its checkpoint file (-1 and "" when none was saved)."""
 
-    def __init__(self, message: str, *, wg: str = "", job: str = "", last_version: int = -1):
+    def __init__(self, message: str, *, wg: str = "", job: str = "", last_version: int = -1,
+                 checkpoint: str = ""):
         super().__init__(message)
         self.wg, self.job, self.last_version = wg, job, last_version
+        self.checkpoint = checkpoint   #: the file of ``last_version`` (SAVE or save_interval)
 
 
 class LeaseExpired(PlexError, TimeoutError):

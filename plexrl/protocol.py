@@ -174,6 +174,7 @@ class JobRequest:
     staleness: int = 0           #: GENERATE of step k samples weight version max(0, k - staleness)
     seed: int = 0                #: seeds the job's weights and its sampling generator
     priority: int = 0            #: higher is admitted first
+    save_interval: int = 0       #: the runtime checkpoints the trainer every N versions (0: never)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,14 @@ def add_parser(sub) -> None:
                       help="run the same jobs one after another, each alone")
     demo.add_argument("--record", action="store_true",
                       help="with --isolated: write the baseline the shared run compares to")
+    demo.add_argument("--baseline", choices=("auto", "refresh", "skip"), default="auto",
+                      help="auto (default): when --out holds no isolated record, record it "
+                           "first (the same jobs one after another), then run shared; "
+                           "refresh: record it first in any case; skip: the shared run only")
     demo.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)
 
 
 def run(args) -> int:
     from plexrl.demo.main import run_demo
     return run_demo(quick=args.quick, out=Path(args.out), isolated=args.isolated,
-                    record=args.record, scale=args.scale)
+                    record=args.record, baseline=args.baseline, scale=args.scale)

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     add_demo(sub)
     from plexrl.cli.trace import add_parser as add_trace
     add_trace(sub)
+    from plexrl.cli.service import add_parsers as add_service
+    add_service(sub)
     return parser
 
 
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "trace":
             from plexrl.cli.trace import run as run_trace
             return run_trace(args)
+        from plexrl.cli.service import COMMANDS, run as run_service
+        if args.command in COMMANDS:
+            return run_service(args)
     except PlexError as err:
         print(f"plexrl: error: {err}", file=sys.stderr)
         return 2

@@ -26,6 +26,8 @@ def run_sim(args) -> int:
     out = _check_out(args.out)
     if scenario.trace is not None:
         return _run_trace(args, replace(scenario, seed=seed), out)
+    if scenario.measured is not None:
+        return _run_measured(args, scenario, out)
     for flag, value in (("--sweep", "load" if args.sweep == "load" else None), ("--window", args.window)):
         if value is not None:
             raise ConfigError(f"{flag} {value} needs a trace scenario (one with a [trace] table)",
@@ -75,6 +77,23 @@ def _run_trace(args, scenario, out: Path | None) -> int:
         for name, timeline in timelines.items():
             path = timeline.write(out / f"timeline-{name.replace('+', '-')}.json")
             print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _run_measured(args, scenario, out: Path | None) -> int:
+    """A measured run replayed (plexrl/sim/measured.py): its device-seconds per step, alone
+    and shared, and each job's slowdown."""
+    for flag, value in (("--sweep", args.sweep), ("--window", args.window)):
+        if value:
+            raise ConfigError(f"{flag} does not apply to a measured run", file=scenario.source,
+                              field=flag, value=value, fix=f"drop {flag}")
+    from plexrl.sim.measured import predict, render
+    report = predict(scenario)
+    print(json.dumps(report, sort_keys=True) if args.format == "json" else render(report))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, sort_keys=True, indent=1))
+        print(f"wrote {out / 'report.json'}", file=sys.stderr)
     return 0
 
 

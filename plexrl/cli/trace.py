@@ -1,8 +1,10 @@
 """``plexrl trace``: a Perfetto/Chrome trace of a window of a running controller's records.
 
-Owns: the command's arguments, turning its window (seconds since the controller started;
-negative: seconds before now) into the records' clock, and writing the file
-(``plexrl.trace_export.export_trace`` lays it out). Must not know: how records are made.
+Owns: the command's arguments, finding the controller (the one ``plexrl up`` started, from
+the run directory, unless ``--address``/``--controller`` say otherwise), turning its window
+(seconds since the controller started; negative: seconds before now) into the records'
+clock, and writing the file (``plexrl.trace_export.export_trace`` lays it out).
+Must not know: how records are made.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ def add_parser(sub) -> None:
                        help="window start, s since the controller started (negative: before now)")
     trace.add_argument("--until", type=float, metavar="T",
                        help="window end, s since the controller started (negative: before now)")
-    trace.add_argument("--address", default="auto", help="the Ray cluster (default: auto)")
-    trace.add_argument("--controller", default="plexrl-controller",
-                       help="the controller's name in namespace plexrl")
+    trace.add_argument("--address", help="the Ray cluster (default: the one `plexrl up` "
+                                         "recorded)")
+    trace.add_argument("--controller", help="the controller's name in namespace plexrl "
+                                            "(default: the one `plexrl up` started)")
 
 
 def on_clock(t: float | None, clock: dict) -> float | None:

@@ -7,8 +7,8 @@ built from a plain function for tests (``mock.py``). Imports only the vocabulary
 the runtime, the simulator, ray or torch.
 """
 
-from plexrl.client.job import JobClient, Runtime, connect
+from plexrl.client.job import JobClient, Runtime, connect, connect_submitted
 from plexrl.client.transport import Transport, open_transport, register_transport
 
-__all__ = ["JobClient", "Runtime", "Transport", "connect", "open_transport",
+__all__ = ["JobClient", "Runtime", "Transport", "connect", "connect_submitted", "open_transport",
            "register_transport"]

@@ -12,6 +12,7 @@ Must not know: how the transport carries a request, numpy, torch, Ray.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from concurrent.futures import Future
 
@@ -27,16 +28,35 @@ class Runtime:
         self.transport = transport
 
     def register_job(self, job: str, models: dict[str | Role, ModelSpec], *, staleness: int = 0,
-                     seed: int = 0, priority: int = 0) -> "JobClient":
+                     seed: int = 0, priority: int = 0, save_interval: int = 0) -> "JobClient":
         """Register a job and wait until it is placed; a model that fits no worker group
-        raises ``PlacementError`` with the sizes."""
+        raises ``PlacementError`` with the sizes. With ``save_interval`` N the runtime
+        writes a checkpoint of the trainer every N weight versions (a job resumes from the
+        last one after a crash: ``ServiceLost.checkpoint``, ``inspect("resumable")``)."""
         if staleness not in (0, 1):
             raise ConfigError("staleness must be 0 or 1", field="staleness", value=staleness,
                               fix="0: on-policy; 1: one step off-policy")
         request = JobRequest(JobId(job), tuple((Role(r), s) for r, s in models.items()),
-                             staleness=staleness, seed=seed, priority=priority)
+                             staleness=staleness, seed=seed, priority=priority,
+                             save_interval=save_interval)
         ticket = self.transport.register(request).result()
         return JobClient(self.transport, ticket, request)
+
+    def attach_job(self, job: str | None = None, token: str | None = None) -> "JobClient":
+        """Take over a job registered elsewhere, by its ticket; a program that ``plexrl
+        submit`` started finds both in ``PLEXRL_JOB`` and ``PLEXRL_JOB_TOKEN``."""
+        job = job or os.environ.get("PLEXRL_JOB")
+        token = token or os.environ.get("PLEXRL_JOB_TOKEN")
+        if not job or not token:
+            raise ConfigError("attaching needs a job and its token", field="PLEXRL_JOB",
+                              value=job, fix="run the program through `plexrl submit`, or pass "
+                              "job= and token=")
+        attach = getattr(self.transport, "attach", None)
+        if attach is None:
+            raise ConfigError("this transport cannot attach to a job", field="address",
+                              fix="connect to a running controller (controller=NAME)")
+        ticket = Ticket(JobId(job), token)
+        return JobClient(self.transport, ticket, attach(ticket).result())
 
     def inspect(self, what: str):
         """Read-only runtime records by name ("calls", "transitions", "status")."""
@@ -55,6 +75,16 @@ class Runtime:
 def connect(address: str | None = None, **options) -> Runtime:
     """Connect to a runtime: the embedded local one by default, else ``address``."""
     return Runtime(open_transport(address, **options))
+
+
+def connect_submitted() -> tuple[Runtime, "JobClient"] | None:
+    """In a program that ``plexrl submit`` started: the running controller's runtime and the
+    job it placed (from ``PLEXRL_ADDRESS``, ``PLEXRL_CONTROLLER``, ``PLEXRL_JOB`` and
+    ``PLEXRL_JOB_TOKEN``); None anywhere else."""
+    if "PLEXRL_JOB" not in os.environ:
+        return None
+    runtime = connect(os.environ["PLEXRL_ADDRESS"], controller=os.environ["PLEXRL_CONTROLLER"])
+    return runtime, runtime.attach_job()
 
 
 class JobClient:
@@ -113,11 +143,14 @@ class JobClient:
         """Write the trainer copy's weights, optimizer state and sampling generator to ``path``."""
         return self._call(Function.SAVE, role, None, options={"path": str(path)})
 
-    def load(self, path: str, *, role: Role = Role.POLICY) -> Future:
-        """Read what ``save`` wrote back into the trainer copy: a new weight version."""
+    def load(self, path: str, *, role: Role = Role.POLICY, version: int = 0) -> Future:
+        """Read what ``save`` wrote back into the trainer copy: a new weight version, or, with
+        ``version`` (a job resuming from a checkpoint of that version), that version."""
         with self._lock:
-            self._versions[role] = self._versions.get(role, 0) + 1
+            current = self._versions.get(role, 0)
+            self._versions[role] = version if version > current else current + 1
             return self._call(Function.LOAD, role, None, options={"path": str(path)},
+                              version=self._versions[role] if version > current else 0,
                               locked=True)
 
     def end(self) -> None:

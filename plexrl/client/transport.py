@@ -21,7 +21,9 @@ from plexrl.protocol import CallRequest, JobRequest, Ticket
 
 
 class Transport(Protocol):
-    """Carries a job's requests to a runtime; every method answers with a future."""
+    """Carries a job's requests to a runtime; every method answers with a future. A
+    transport that can take over a job registered elsewhere also has ``attach(ticket) ->
+    Future[JobRequest]`` (``Runtime.attach_job`` uses it when present)."""
 
     def register(self, request: JobRequest) -> "Future[Ticket]": ...
 

@@ -116,8 +116,10 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
     if call.function in (Function.OPTIM_STEP, Function.LOAD, Function.SYNC_WEIGHTS):
         # a step or a restored checkpoint makes a new trainer version; a sync installs one
         key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
-        new_version = call.version if call.function == Function.SYNC_WEIGHTS \
-            else states[key].version + 1
+        # (a LOAD that names the version it restores, as a resumed job's does, installs it)
+        named = call.function == Function.SYNC_WEIGHTS or (
+            call.function == Function.LOAD and call.version > states[key].version)
+        new_version = call.version if named else states[key].version + 1
         states = dict(states)
         states[key] = replace(states[key], version=new_version)
     est = snap.estimates.observe_service(call.job, call.function, ev.duration_s,

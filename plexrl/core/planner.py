@@ -18,7 +18,7 @@ from plexrl.core import ledger
 from plexrl.core.costs import service_s
 from plexrl.core.decisions import Decision, Dispatch
 from plexrl.core.allocation import admit_pending
-from plexrl.core.queues import Candidate, queue_by_name
+from plexrl.core.queues import Candidate, priority_weight, queue_by_name
 from plexrl.core.snapshot import ALWAYS, CallView, Snapshot
 from plexrl.core.transitions import is_resident, make_resident, needed_keys, switch_in_s
 from plexrl.core.usage import device_free
@@ -85,7 +85,8 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
             snap.quiet_groups.record(wg, *ALWAYS)
         return decisions
     queue = queue_by_name(snap.config.queue_policy)
-    candidates = [Candidate(c, now - c.queued_at, service_s(snap, c), switch_in_s(snap, c))
+    candidates = [Candidate(c, now - c.queued_at, service_s(snap, c), switch_in_s(snap, c),
+                            priority_weight(snap.jobs[c.job].spec.priority))
                   for c in calls]
     picked = queue.pick(candidates, snap.last_job.get(wg), snap.config.max_wait_s)
     decisions = _act_on(snap, wg, picked.call, running)

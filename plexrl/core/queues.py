@@ -24,6 +24,7 @@ class Candidate:
     wait_s: float                #: now - queued_at
     service_s: float             #: expected service time (learned, or cold estimate)
     switch_s: float              #: expected seconds to make its States resident (0 if resident)
+    weight: float = 1.0          #: HRRS multiplies the ratio by it (``priority_weight``)
 
     @property
     def arrival(self) -> tuple[float, int]:
@@ -75,7 +76,8 @@ class RoundRobinQueue:
 class HrrsQueue:
     """Highest response ratio with switch awareness, a job's batch kept together.
 
-    ratio = (wait + service) / (service + switch). A call whose States are resident wins
+    ratio = weight * (wait + service) / (service + switch), the weight from the job's priority
+    (``priority_weight``; 1 at priority 0). A call whose States are resident wins
     ties, short calls pass long ones, and waiting raises every ratio. A call that has waited
     more than ``max_wait_s`` is overdue: overdue calls go first, oldest first (no starvation).
     Otherwise, while the job served last has a runnable call that continues its step's
@@ -116,8 +118,11 @@ _ROUNDING = 1e-12   #: relative bound on the rounding of a ratio, far above floa
 
 
 def _overtaken_at(picked: Candidate, rival: Candidate, now: float) -> float:
-    """The earliest time ``rival``'s ratio may reach ``picked``'s (``now`` when it may now)."""
-    dp, dr = picked.service_s + picked.switch_s, rival.service_s + rival.switch_s
+    """The earliest time ``rival``'s ratio may reach ``picked``'s (``now`` when it may now).
+
+    A weight w divides the ratio's denominator: w * (t - q + S) / d = (t - q + S) / (d / w)."""
+    dp = (picked.service_s + picked.switch_s) / picked.weight
+    dr = (rival.service_s + rival.switch_s) / rival.weight
     if dp <= 0:
         return math.inf if dr > 0 else now   # an infinite ratio is only matched by another
     if dr <= 0 or now < 0:
@@ -154,7 +159,13 @@ def _policy_logprobs(c: Candidate) -> bool:
 
 def ratio(c: Candidate) -> float:
     denom = c.service_s + c.switch_s
-    return (c.wait_s + c.service_s) / denom if denom > 0 else float("inf")
+    return c.weight * (c.wait_s + c.service_s) / denom if denom > 0 else float("inf")
+
+
+def priority_weight(priority: int) -> float:
+    """HRRS weight of a job's calls: 1 + p for priority p >= 0, 1 / (1 - p) below 0, so
+    priority 1 doubles a call's ratio and priority -1 halves it (docs/design-service.md)."""
+    return 1.0 + priority if priority >= 0 else 1.0 / (1.0 - priority)
 
 
 QUEUES: dict[str, CallQueue] = {q.name: q for q in (FcfsQueue(), RoundRobinQueue(), HrrsQueue())}

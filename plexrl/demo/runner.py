@@ -3,14 +3,14 @@ another, each alone; and what the controller's call log says about the worker gr
 
 Owns: the runtime the demo starts (one worker group of 1 emulated device, the default
 256 MiB budget: every job's States fit beside any call, so jobs interleave without swaps --
-docs/design.md, D111-D115), one job's run (register, supervised warm-up, greedy accuracy, GRPO,
-greedy accuracy), the progress lines, and the usage figures (held, busy, device-seconds).
+docs/design.md, D111-D115), one job's run (register, supervised warm-up, greedy accuracy, GRPO
+with the job's remote verifier, greedy accuracy) reported to a ``Progress``, and the usage
+figures (held, busy, idle share, device-seconds).
 Must not know: argument parsing, record files, plots.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexrl.demo.plan import HELDOUT, DemoJob, make_task, make_tokenizer
+from plexrl.demo.progress import Progress
+from plexrl.demo.verifier import remote_verifier
 from plexrl.rl.grpo import greedy_accuracy, train
+from plexrl.rl.rewards import Rewards, verifier_reward
 from plexrl.rl.sft import supervised_warmup
 
 WORKER_GROUP = "wg0"
@@ -43,23 +46,6 @@ class JobResult:
     @property
     def mean_step_s(self) -> float:
         return float(np.mean(self.step_s))
-
-
-class Progress:
-    """One line per job every ``every`` steps (and at each phase), printed under a lock."""
-
-    def __init__(self, out=sys.stdout, every: int = 10):
-        self.out, self.every, self.lock, self.start = out, every, threading.Lock(), time.monotonic()
-
-    def say(self, job: str, text: str) -> None:
-        with self.lock:
-            print(f"[{time.monotonic() - self.start:6.1f}s] {job:<10} {text}", file=self.out,
-                  flush=True)
-
-    def step(self, job: DemoJob, record) -> None:
-        if (record.step + 1) % self.every == 0 or record.step + 1 == job.steps:
-            self.say(job.name, f"step {record.step + 1:>3}/{job.steps}  reward "
-                               f"{record.reward_mean:.3f}  {record.step_s:.2f} s/step")
 
 
 def start_runtime(device_bytes: int | None = None, threads: int = 1):
@@ -87,25 +73,35 @@ def run_job(runtime, job: DemoJob, progress: Progress, name: str | None = None) 
     held = task.sample(HELDOUT, seed=job.seed, split="heldout")
     client = runtime.register_job(name or job.name, {"policy": spec}, seed=job.seed)
     start = time.monotonic()
+    shown = job.name
+    rewards = Rewards([remote_verifier(verifier_reward(task), job.verifier_s)])
     try:
-        progress.say(job.name, f"{job.task} on {job.source}: supervised warm-up "
-                               f"{job.warmup_steps} steps")
+        progress.say(shown, f"{job.task} on {job.source}: supervised warm-up "
+                            f"{job.warmup_steps} steps, then GRPO {job.steps} steps; remote "
+                            f"verifier {job.verifier_s * 1000:.0f} ms a round")
+        progress.phase(shown, "warm-up", job.warmup_steps)
         _, version = supervised_warmup(client, task, tok, job.warmup_steps, batch_size=32,
-                                       lr=job.warmup_lr, seed=job.seed)
+                                       lr=job.warmup_lr, seed=job.seed,
+                                       on_step=lambda i, _nll: progress.step(shown, i + 1))
+        progress.phase(shown, "eval")
         before = greedy_accuracy(client, task, tok, held, version=version,
                                  max_tokens=job.max_tokens)
-        progress.say(job.name, f"after warm-up: greedy accuracy {before:.3f} on {HELDOUT} "
-                               f"held-out prompts; GRPO {job.steps} steps")
+        progress.say(shown, f"after warm-up: greedy accuracy {before:.3f} on {HELDOUT} "
+                            f"held-out prompts")
+        progress.phase(shown, "GRPO", job.steps)
         records = train(client, task, tok, job.grpo(), job.steps, start_version=version,
-                        on_step=lambda r: progress.step(job, r))
+                        rewards=rewards,
+                        on_step=lambda r: progress.step(shown, r.step + 1, r.reward_mean))
+        progress.phase(shown, "eval")
         after = greedy_accuracy(client, task, tok, held, version=records[-1].version,
                                 max_tokens=job.max_tokens)
         result = JobResult(job.name, job.warmup_steps, before, after,
                            [r.reward_mean for r in records], [r.step_s for r in records],
                            time.monotonic() - start)
+        progress.phase(shown, "done")
         first, last = result.fifths
-        progress.say(job.name, f"done: reward {first:.3f} -> {last:.3f}, greedy accuracy "
-                               f"{before:.3f} -> {after:.3f}")
+        progress.say(shown, f"done: reward {first:.3f} -> {last:.3f}, greedy accuracy "
+                            f"{before:.3f} -> {after:.3f}")
         return result
     finally:
         client.end()
@@ -138,14 +134,16 @@ def run_isolated(runtime, jobs, progress: Progress, prefix: str = "") -> dict[st
 def usage(calls: list[dict], jobs, prefix: str = "") -> dict:
     """Held, busy and per-job seconds of the worker group from the call log: held = first
     call's start to last call's end of these jobs (per job when isolated, summed: the group
-    holds each job alone); busy = seconds it ran their calls."""
+    holds each job alone); busy = seconds it ran their calls; a job's idle share = 1 - its
+    busy / its held seconds."""
     names = {prefix + j.name: j.name for j in jobs}
     mine = [c for c in calls if c["job"] in names and not c["failed"]]
     per_job = {}
     for full, short in names.items():
         own = [c for c in mine if c["job"] == full]
-        per_job[short] = {"held_s": max(c["end_s"] for c in own) - min(c["start_s"] for c in own),
-                          "busy_s": sum(c["end_s"] - c["start_s"] for c in own),
+        held = max(c["end_s"] for c in own) - min(c["start_s"] for c in own)
+        busy = sum(c["end_s"] - c["start_s"] for c in own)
+        per_job[short] = {"held_s": held, "busy_s": busy, "idle_share": 1 - busy / held,
                           "calls": len(own)}
     return {"held_s": max(c["end_s"] for c in mine) - min(c["start_s"] for c in mine),
             "busy_s": sum(c["end_s"] - c["start_s"] for c in mine), "jobs": per_job,

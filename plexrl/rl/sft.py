@@ -9,7 +9,7 @@ Must not know: the runtime, torch, how calls are scheduled.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -33,10 +33,11 @@ def sft_batch(items: Sequence[Item], tokenizer) -> dict[str, np.ndarray]:
 
 
 def supervised_warmup(job, task, tokenizer, steps: int, *, batch_size: int = 32,
-                      lr: float = 3e-3, seed: int = 0, start_version: int = 0
+                      lr: float = 3e-3, seed: int = 0, start_version: int = 0,
+                      on_step: Callable[[int, float], None] | None = None
                       ) -> tuple[list[float], int]:
     """``steps`` cross-entropy steps on training items; returns (nll per step, the weight
-    version installed after them)."""
+    version installed after them). ``on_step(step, nll)`` is called after each step."""
     nll, version = [], start_version
     for step in range(steps):
         items = task.sample(batch_size, seed=(seed * 1_000_003 + step) * 17 + 999)
@@ -46,4 +47,6 @@ def supervised_warmup(job, task, tokenizer, steps: int, *, batch_size: int = 32,
         job.sync_weights(step=version).result()
         version += 1
         nll.append(float(metrics.get("nll", metrics["loss"])))
+        if on_step:
+            on_step(step, nll[-1])
     return nll, version

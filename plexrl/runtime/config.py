@@ -52,6 +52,15 @@ class RuntimeConfig:
                                 doc="nominal host<->device copy rate, until measured")
     lease_s: float = option(30.0, unit="s", min=0.1,
                             doc="a job whose driver is silent this long is ended and freed")
+    state_dir: str = option("", doc="the controller's journal and checkpoints; empty: a "
+                            "directory of the session's own, removed when it shuts down")
+    engine: str = option("torch", choices=("torch", "simulated"),
+                         doc="what services run calls with: torch models, or simulated "
+                         "engines that sleep and answer small deterministic arrays (load tests)")
+    sim_call_s: float = option(0.002, unit="s", min=0.0,
+                               doc="simulated engine: seconds one call takes")
+    recent_calls: int = option(4096, unit="count", min=1,
+                               doc="calls each service remembers, to answer a repeat")
     observe_host: str = option("127.0.0.1", doc="address of the metrics and dashboard server "
                                                 "(loopback unless told otherwise)")
     observe_port: int = option(0, unit="count", min=0, max=65535,

@@ -9,6 +9,14 @@ an asyncio Ray actor, so every fold and plan happens on one thread. It also ends
 driver stopped renewing its lease, and serves its metrics and dashboard (``endpoints.py``,
 on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
+
+Durable (docs/design-durable.md): what it decides is written to its journal (``journal.py``)
+at fixed points -- a job registered, bound, ended; a call on arrival, BEFORE its dispatch and
+at its end; a State moved; a checkpoint written. It may be restarted by Ray at any point:
+its first call after a (re)start runs ``_up``, which on a restart attaches to the services
+that are still there and rebuilds the Snapshot from the journal and what the services hold
+(``recovery.py``) before anything is dispatched again. A service that dies ends its jobs
+with ``ServiceLost`` carrying their last checkpoint.
 Must not know: torch, what a call computes, how bytes move.
 """
 
@@ -17,7 +25,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import shutil
+import tempfile
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import ray
 
@@ -31,13 +43,16 @@ from plexrl.errors import (AuthError, CallError, ConfigError, LeaseExpired, Orde
 from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
+from plexrl.runtime import recovery
 from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
                                  job_spec, workspace_bytes)
+from plexrl.runtime.journal import TERMINAL, Journal
+from plexrl.runtime.submissions import SubmittedJobs
 
 
-class Controller:
+class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: submissions.py
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
@@ -48,23 +63,61 @@ class Controller:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
+        self._service_init()   # submissions.py
+        self.journal: Journal | None = None
+        self.lost_jobs: dict[JobId, tuple[ServiceLost, str]] = {}  #: a dead service ended: error, token
+        self.recovered: dict | None = None             #: what the last restart found
+        self._replay: dict = {}                        #: recovery's view of the journal's calls
+        self._starting: asyncio.Lock | None = None
         self.endpoints: Endpoints | None = None   #: metrics and dashboard (endpoints.py)
 
     async def start(self) -> dict:
-        self.executor = await Executor.start(self.config, self.session)
-        self.snap = Snapshot(cluster=cluster_spec(self.config, self.executor.nodes),
-                             config=self.config.core_config())
-        self._spawn(self._expire_leases())
-        self.endpoints = await Endpoints.start(self, self.config.observe_host,
-                                               self.config.observe_port)
+        await self._up()
         return await self.info()
 
+    async def _up(self) -> None:
+        """Start once: fresh, or -- the journal says this session's services are up -- as a
+        restart, which reconciles with every service before anything is dispatched."""
+        if self.snap is not None:
+            return
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if self.snap is not None:
+                return
+            journal = Journal(state_dir(self.config, self.session))
+            restart = journal.get("session") == self.session and journal.get("services") == "up"
+            self.journal = journal
+            if restart:
+                self.executor = await Executor.attach(self.config, self.session)
+            else:
+                journal.interrupt(self.session)   # jobs of a cluster that went away
+                self.executor = await Executor.start(self.config, self.session)
+                journal.put("session", self.session)
+                journal.put("services", "up")
+            snap = Snapshot(cluster=cluster_spec(self.config, self.executor.nodes),
+                            config=self.config.core_config())
+            if restart:
+                self._service_restore()   # submissions.py
+                self.recovered = await recovery.recover(self, snap)
+            else:
+                self.snap = snap
+            self._spawn(self._expire_leases())
+            self.endpoints = await Endpoints.start(self, self.config.observe_host,
+                                                   self.config.observe_port)
+            self._plan()
+
     async def info(self) -> dict:
+        await self._up()
         return {"session": self.session, "worker_groups": sorted(self.executor.services),
-                "nodes": dict(self.executor.nodes), "lease_s": self.config.lease_s}
+                "nodes": dict(self.executor.nodes), "lease_s": self.config.lease_s,
+                "journal": str(self.journal.path), "recovered": self.recovered}
 
     # -- what jobs ask ----------------------------------------------------------------------
     async def register(self, request: JobRequest) -> Ticket:
+        await self._up()
+        known = self.jobs.get(request.job)
+        if known is not None and known.request == request and not known.handed:
+            return await known.placed   # a registration resent after a restart
         if request.job in self.jobs:
             raise ConfigError("a job of this name is registered", field="job", value=request.job,
                               fix="end it first or choose another name")
@@ -72,15 +125,26 @@ class Controller:
         record = JobRecord(request, secrets.token_hex(16), asyncio.get_running_loop().create_future(),
                            renewed_at=time.monotonic())
         self.jobs[request.job] = record
+        self.lost_jobs.pop(request.job, None)
+        self.journal.add_job(request, record.token, self.session)
         self._fold(ev.JobSubmitted(spec=spec, at=time.monotonic()))
         self._plan()
         return await record.placed
 
     async def submit(self, request: CallRequest) -> None:
         """Admit a call (its payload went to its service); answers once it is queued, or with
-        the error that refuses it."""
+        the error that refuses it. A call id ``(job, seq)`` the journal holds already is a
+        resend (Ray resubmits what a restarted controller never answered): it is answered
+        as taken if it is the same call, else refused with ``OrderError``."""
+        await self._up()
         record = self._authorised(request.job, request.token)
         record.renewed_at = time.monotonic()
+        record.handed = True
+        if not self.journal.submitted(request):
+            if self.journal.call(request.job, request.seq).request == request:
+                return None
+            raise OrderError(f"job {request.job}: sequence number {request.seq} was already used "
+                             f"(next is {record.next_seq})", job=request.job, seq=request.seq)
         if request.seq < record.next_seq or request.seq in record.held:
             raise OrderError(f"job {request.job}: sequence number {request.seq} was already used "
                              f"(next is {record.next_seq})", job=request.job, seq=request.seq)
@@ -97,6 +161,7 @@ class Controller:
 
     async def renew(self, tickets: list[Ticket]) -> None:
         """The drivers of these jobs are alive (their transports call this every lease / 3)."""
+        await self._up()
         now = time.monotonic()
         for ticket in tickets:
             record = self.jobs.get(ticket.job)
@@ -119,18 +184,47 @@ class Controller:
 
     async def routes(self, ticket: Ticket) -> list:
         """Where the job's calls go: (role, copy, service actor) for each of its copies."""
+        await self._up()
         record = self._authorised(ticket.job, ticket.token)
+        record.handed = True
         return [(role, copy, self.executor.services[wg]) for (role, copy), wg in
                 record.groups.items()]
 
     async def end(self, ticket: Ticket) -> None:
+        await self._up()
+        if ticket.job not in self.jobs and ticket.job in self.lost_jobs:
+            return None   # ended already, by its service's death
         record = self._authorised(ticket.job, ticket.token)
         await self._end_job(ticket.job, record, CallError(f"job {ticket.job} ended",
                                                           job=ticket.job))
 
+    async def lost(self, ticket: Ticket) -> ServiceLost | None:
+        """The ``ServiceLost`` that ended this job, if a service of it died (each of its
+        services is asked; the first found dead ends its jobs now); else None."""
+        await self._up()
+        record = self.jobs.get(ticket.job)
+        if record is not None and secrets.compare_digest(record.token, ticket.token):
+            for wg in sorted(set(record.groups.values())):
+                service = self.executor.services.get(wg)
+                try:
+                    if service is not None:
+                        await service.ping.remote()
+                except ray.exceptions.RayActorError as err:
+                    self._lost(wg, err)
+                    break
+        err, token = self.lost_jobs.get(ticket.job, (None, ""))
+        return err if err is not None and secrets.compare_digest(token, ticket.token) else None
+
     async def inspect(self, what: str):
+        await self._up()
         if what == "calls":
             return list(self.call_log)
+        if what == "executions":
+            counts = await asyncio.gather(*(s.executions.remote()
+                                            for s in self.executor.services.values()))
+            return dict(zip(self.executor.services, counts))
+        if what == "resumable":
+            return recovery.resumable(self.journal)
         if what in ("transitions", "failed-transitions"):
             logs = await asyncio.gather(*(s.transitions.remote(what != "transitions")
                                           for s in self.executor.services.values()))
@@ -151,22 +245,32 @@ class Controller:
                     "queued": len(self.snap.queued), "running": len(self.snap.running)}
         raise ConfigError("nothing to inspect by this name", value=what,
                           fix="one of calls, transitions, failed-transitions, bytes, status, "
-                              "endpoints, clock")
+                              "executions, resumable, endpoints, clock")
 
     async def service(self, wg: str):
         """The handle of a worker group's service actor (tests, tools)."""
+        await self._up()
         return [self.executor.services[wg]]
 
     async def shutdown(self) -> None:
+        await self._up()
         for job, record in list(self.jobs.items()):
             await self._end_job(job, record, CallError(f"runtime shut down; job {job} ended",
                                                        job=job))
-        await self.endpoints.stop()
+        if self.endpoints is not None:
+            await self.endpoints.stop()
         await self.executor.shutdown()
+        self.journal.put("services", "down")
+        self.journal.close()
+        if not self.config.state_dir:   # a session's own journal: nothing left to resume
+            shutil.rmtree(state_dir(self.config, self.session), ignore_errors=True)
 
     # -- calls in order ----------------------------------------------------------------------
     def _authorised(self, job: JobId, token: str) -> JobRecord:
         record = self.jobs.get(job)
+        lost, owner = self.lost_jobs.get(job, (None, ""))
+        if record is None and lost is not None and secrets.compare_digest(owner, token):
+            raise lost
         if record is None or not secrets.compare_digest(record.token, token):
             raise AuthError(f"job {job}: unknown job or a token that is not this job's; use the "
                             "ticket its registration returned", job=job)
@@ -202,15 +306,24 @@ class Controller:
     def _refuse(self, record: JobRecord, pending: PendingCall, err: Exception) -> None:
         """A call the job cannot run: the job reads ``err`` where it sent the call."""
         request = pending.request
+        known = self._replay.get((request.job, request.seq))
+        if known is not None and known.status in TERMINAL:
+            return   # refused before the restart
+        self.journal.finish(request.job, request.seq, "refused", str(err))
         wg = record.groups.get((request.role, request.copy))
         if wg is not None:
             self.executor.refuse(wg, request.job, request.seq, err)
 
     def _queue(self, record: JobRecord, pending: PendingCall) -> None:
         request = pending.request
-        pending.call = CallId(next(self._ids))
+        known = self._replay.get((request.job, request.seq))
+        pending.call = CallId(known.call if known is not None and known.call is not None
+                              else next(self._ids))
         pending.queued_at = time.monotonic()
         pending.copy_seq = record.next_copy_seq(request)
+        if known is not None and recovery.settled(self, record, pending, known):
+            return   # it ran (or ended) before the restart: not queued again
+        self.journal.queued(request.job, request.seq, pending.call, pending.copy_seq)
         self.calls[pending.call] = pending
         tokens = request.num_sequences * (request.max_tokens or request.seq_len)
         self._fold(ev.CallQueued(call=pending.call, job=request.job,
@@ -242,6 +355,7 @@ class Controller:
         match decision:
             case Reject(job=job, reason=reason):
                 record = self.jobs.pop(job)
+                self.journal.end_job(job, reason, status="rejected")
                 record.placed.set_exception(PlacementError(reason, job=job))
             case Place(job=job):
                 record = self.jobs[job]
@@ -251,6 +365,8 @@ class Controller:
             case Dispatch(call=call, wg=wg):
                 pending = self.calls[call]
                 pending.wg, pending.started_at = wg, now
+                self.journal.dispatching(pending.request.job, pending.request.seq, call,
+                                         pending.copy_seq, wg)   # before the go
                 order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq)
                 self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
             case Move():
@@ -269,12 +385,22 @@ class Controller:
                 record.groups[(role, copy)], job, record.token, role, copy, spec,
                 record.request.seed, self._sizes(job, role, copy), self._tiers(job, role, copy))
                 for role, spec in record.request.models for copy in copies_of(role, spec)))
+            if record.request.save_interval:
+                where = Path(state_dir(self.config, self.session)) / "checkpoints"
+                where.mkdir(parents=True, exist_ok=True)
+                await asyncio.gather(*(self.executor.services[wg].checkpoints.remote(
+                    job, record.request.save_interval, str(where))
+                    for wg in set(record.groups.values())))
         except Exception as err:   # a service refused: nothing of the job stays behind
             await self._end_job(job, record, err)
             if not record.placed.done():
                 record.placed.set_exception(err)
             return
         record.renewed_at = time.monotonic()   # the lease runs from when the driver can renew
+        self.journal.bind(job, record.groups)
+        for key, view in self.snap.states.items():
+            if key.job == job:
+                self.journal.state(job, key.role, key.copy, key.state, view.tier, view.version)
         record.placed.set_result(Ticket(job, record.token))
 
     def _tiers(self, job: JobId, role, copy) -> dict[State, Tier]:
@@ -296,15 +422,26 @@ class Controller:
             return
         end = time.monotonic()
         self.calls.pop(pending.call, None)
+        self.journal.finish(request.job, request.seq, "failed" if done["failed"] else "done",
+                            done["failed"])
+        if done.get("saved"):
+            saved = done["saved"]
+            self.journal.checkpoint(request.job, saved["role"], saved["version"], saved["path"])
         self.call_log.append({"call": pending.call, "job": request.job, "seq": request.seq,
                               "function": str(request.function), "role": str(request.role),
                               "step": request.step, "wg": pending.wg,
                               "queued_s": pending.queued_at, "start_s": pending.started_at,
                               "end_s": end, "duration_s": done["duration_s"],
+                              "workspace_bytes": pending.workspace_bytes,
                               "failed": done["failed"]})
         if request.job in self.snap.jobs:
             self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
                                        duration_s=done["duration_s"]))
+            weights = StateKey(request.job, request.role, request.copy, State.WEIGHTS)
+            if weights in self.snap.states and request.function in recovery.VERSIONED:
+                view = self.snap.states[weights]
+                self.journal.state(request.job, request.role, request.copy, State.WEIGHTS,
+                                   view.tier, view.version)
             self._plan()
 
     async def _move_done(self, move: Move, now: float) -> None:
@@ -323,6 +460,10 @@ class Controller:
         self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.dst,
                                          num_bytes=move.num_bytes, at=time.monotonic(),
                                          duration_s=seconds))
+        view = self.snap.states.get(move.key)
+        if view is not None and move.key.state != State.KV_CACHE:
+            key = move.key
+            self.journal.state(key.job, key.role, key.copy, key.state, view.tier, view.version)
         self._plan()
 
     def _move_failed(self, move: Move, err: Exception) -> None:
@@ -344,23 +485,35 @@ class Controller:
     async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
         """Forget the job: its calls still waiting fail with ``err``; its States are released."""
         self._forget(job)
+        self.journal.end_job(job, f"{type(err).__name__}: {err}")
         self._fold(ev.JobEnded(job=job, at=time.monotonic(), reason=str(err)))
         await asyncio.gather(*(self.executor.unbind(wg, job, err)
                                for wg in set(record.groups.values())), return_exceptions=True)
         self._plan()
 
     def _lost(self, wg, err: Exception) -> None:
-        """A service died: its jobs end with ``ServiceLost`` (their calls there fail with the
-        actor); other groups go on."""
+        """A service died: its jobs end with ``ServiceLost``, naming their last checkpoint
+        (their calls there fail with the actor, and the job reads that error from ``lost``);
+        the group leaves the cluster the core places on; other groups go on."""
+        if wg not in self.executor.services:
+            return   # known already
+        del self.executor.services[wg]
         for job, record in list(self.jobs.items()):
             if wg in record.groups.values():
                 self._forget(job)
-                lost = ServiceLost(f"worker group {wg} lost its service actor "
-                                   f"({type(err).__name__}); job {job} must resume from its last "
-                                   "saved state", wg=wg, job=job)
+                last = self.journal.last_checkpoint(job)
+                lost = ServiceLost(
+                    f"worker group {wg} lost its service actor ({type(err).__name__}); job {job} "
+                    "must resume from its last saved state: "
+                    + (f"version {last.version} at {last.path}" if last else "none was saved"),
+                    wg=wg, job=job, last_version=last.version if last else -1,
+                    checkpoint=last.path if last else "")
+                self.lost_jobs[job] = (lost, record.token)
+                self.journal.end_job(job, str(lost), status="lost")
                 for other in set(record.groups.values()) - {wg}:
                     self.executor.unbind(other, job, lost)
         self._fold(ev.WorkerLost(wg=wg, at=time.monotonic()))
+        self.snap = replace(self.snap, cluster=self.snap.cluster.without_groups({wg}))
         self._plan()
 
     def _forget(self, job: JobId) -> None:
@@ -371,6 +524,12 @@ class Controller:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def state_dir(config: RuntimeConfig, session: str) -> str:
+    """Where the controller's journal and checkpoints live: ``config.state_dir``, else a
+    directory of this session's own under the system's temporary directory."""
+    return config.state_dir or str(Path(tempfile.gettempdir()) / f"plexrl-state-{session}")
 
 
 def _cause(err: Exception) -> Exception:

@@ -5,7 +5,9 @@ devices, so a group sits on one node: GPUs where the cluster has them, else the
 ``plexrl_device`` resource that stands for an emulated device), spread over the nodes,
 starting one service actor per group inside its bundle, on that node, and turning
 ``Dispatch`` / ``Move`` / binding into calls on that actor, each answered by an object
-reference. Must not know: why a decision was made, or what a call computes.
+reference. The reservation and the service actors are detached and named by session, so they
+outlive a controller that dies: its restart finds them again (``attach``).
+Must not know: why a decision was made, or what a call computes.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Executor:
         resource = "GPU" if ray.cluster_resources().get("GPU") else DEVICE_RESOURCE
         bundles = [{resource: g.num_devices} for g in config.worker_groups]
         pg = placement_group(bundles, strategy=_STRATEGIES[config.group_spread],
-                             name=f"plexrl-{session}-groups")
+                             name=f"plexrl-{session}-groups", lifetime="detached")
         try:
             await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -68,7 +70,7 @@ class Executor:
             wg = WorkerGroupId(group.name)
             nodes[wg] = placed[index]
             services[wg] = actor.options(
-                name=f"plexrl-{session}-service-{group.name}", num_cpus=0,
+                name=f"plexrl-{session}-service-{group.name}", num_cpus=0, lifetime="detached",
                 num_gpus=group.num_devices if resource == "GPU" else 0,
                 resources={resource: group.num_devices} if resource != "GPU" else {},
                 max_concurrency=1000,
@@ -76,9 +78,29 @@ class Executor:
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.threads)}},
             ).remote(group.name, config.device_bytes * group.num_devices,
                      str(host_root / nodes[wg] / group.name), config.threads, config.skip_onload,
-                     str(spill_root / nodes[wg] / group.name), config.fail_at)
+                     str(spill_root / nodes[wg] / group.name), config.fail_at,
+                     engine=config.engine, recent_calls=config.recent_calls,
+                     call_s=config.sim_call_s)
         await asyncio.gather(*(s.ready.remote() for s in services.values()))
         return cls(services, nodes, pg, host_root, spill_root)
+
+    @classmethod
+    async def attach(cls, config: RuntimeConfig, session: str) -> "Executor":
+        """The worker groups a previous controller of ``session`` started, found by name
+        (a restarted controller); a group whose service is gone is left out."""
+        pg = ray.util.get_placement_group(f"plexrl-{session}-groups")
+        placed = placement_group_table(pg)["bundles_to_node_id"]
+        services, nodes = {}, {}
+        for index, group in enumerate(config.worker_groups):
+            try:
+                service = ray.get_actor(f"plexrl-{session}-service-{group.name}")
+                await service.ping.remote()
+            except (ValueError, ray.exceptions.RayActorError):
+                continue
+            services[WorkerGroupId(group.name)] = service
+            nodes[WorkerGroupId(group.name)] = placed[index]
+        return cls(services, nodes, pg, Path(config.host_root) / f"plexrl-{session}",
+                   Path(config.spill_root) / f"plexrl-{session}")
 
     def bind(self, wg: WorkerGroupId, *args):
         return self.services[wg].bind.remote(*args)

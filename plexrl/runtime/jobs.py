@@ -113,6 +113,7 @@ class JobRecord:
     token: str
     placed: asyncio.Future                   #: the ticket, once every copy is bound
     renewed_at: float = 0.0                  #: the driver's last sign of life (monotonic s)
+    handed: bool = False                     #: its driver has used its ticket
     next_seq: int = 0                        #: the client sequence number admitted next
     held: dict[int, PendingCall] = field(default_factory=dict)   #: arrived early
     copy_seq: dict[tuple[Role, Copy], int] = field(default_factory=dict)

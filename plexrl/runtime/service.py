@@ -114,6 +114,32 @@ class Service:
             self.store.create(_name(StateKey(job, role, copy, state)), init,
                               tier=tiers.get(state, Tier.HOST))
 
+    def holdings(self) -> dict:
+        """Per job: its token, each State's (tier, version) keyed "role/copy/state", and the
+        next call on each model copy ("role/copy"); read by a restarted controller."""
+        held = {}
+        for job, hosted in self.jobs.items():
+            keys = set(self.store.keys())
+            states = {}
+            for role, model in hosted.models.items():
+                for copy in model.bound:
+                    version = model.rollout_version if copy == Copy.ROLLOUT else model.optim_steps
+                    for state in State:
+                        name = _name(StateKey(job, role, copy, state))
+                        if name in keys:
+                            states[f"{role}/{copy}/{state}"] = (str(self.store.where(name)),
+                                                                 version)
+            held[job] = {"token": hosted.token, "states": states,
+                         "next_seq": {f"{r}/{c}": n for (r, c), n in hosted.next_seq.items()}}
+        return held
+
+    def checkpoint(self, job: JobId, role: Role, path: str) -> dict:
+        """Write the job's trainer copy to ``path`` as SAVE does (a DISK checkpoint)."""
+        hosted = self.jobs[job]
+        request = CallRequest(job, hosted.token, -1, Function.SAVE, Role(role),
+                              options=(("path", path),))
+        return self._save(request, hosted.models[Role(role)], None)
+
     def unbind(self, job: JobId) -> None:
         with self._lock:
             self.jobs.pop(job, None)
@@ -124,6 +150,7 @@ class Service:
         """Copy a State into storage of the other tier; logs both buffers' addresses."""
         name = _name(key)
         before = self.store.location(name)
+        started = time.monotonic()
         try:
             moved = self.store.move(name, dst)
         except Exception as err:   # the previous copy stays current; the controller replans
@@ -137,7 +164,8 @@ class Service:
         self.log.append({"key": str(key), "job": key.job, "wg": self.wg,
                          "state": f"{key.copy}/{key.state}",
                          "src": str(src), "dst": str(dst), "reason": reason,
-                         "num_bytes": moved.num_bytes, "end_s": time.monotonic(),
+                         "num_bytes": moved.num_bytes, "start_s": started,
+                         "end_s": time.monotonic(),
                          "seconds": moved.seconds, "src_ptr": before,
                          "dst_ptr": self.store.location(name), "checksum": moved.checksum})
         return {"seconds": moved.seconds, "num_bytes": moved.num_bytes}
@@ -271,6 +299,8 @@ class Service:
             for state, buffer in zip(states, buffers):
                 buffer.copy_(tensors[str(state)])
         model.generator.set_state(tensors["generator"])
+        if request.version:   # a resumed job names the version it restores
+            model.optim_steps = request.version
         return {"path": path}
 
     def _trainer_states(self, request: CallRequest) -> tuple[State, ...]:

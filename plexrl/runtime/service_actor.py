@@ -8,6 +8,12 @@ directly: neither its payload nor its result ever passes through the controller,
 gets a small record (``go``'s answer) to fold. Calls compute on one thread and transitions
 copy on another, so prefetch overlaps the running call. The service (and so torch) is
 imported in this actor's process only; the controller that starts it never imports torch.
+A service remembers the outcome of its recent calls (``recent.py``): a call id ``(job, seq)``
+that comes again -- the client resending its call, or a restarted controller sending its go
+again -- is answered from that record and never runs twice. ``holdings`` tells a restarted
+controller what this service holds (jobs, States and their tiers, versions, which calls ran)
+once every call and transition already started here has finished. ``engine="simulated"``
+hosts ``plexrl.runtime.simulated.SimulatedService`` instead (no torch) behind this shell.
 Must not know: scheduling, or what a call computes.
 """
 
@@ -17,22 +23,37 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from plexrl.errors import OrderError
+from plexrl.protocol import Function
+from plexrl.runtime.recent import CallRecords, Outcome
 
 
 class _Rendezvous:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.payload: asyncio.Future = loop.create_future()   #: set when the job's call arrives
         self.result: asyncio.Future = loop.create_future()    #: set when it ran (or failed)
+        self.record: asyncio.Future = loop.create_future()    #: what ``go`` answers, once ran
+        self.started = False                                  #: a go is running it
+        self.waiters = 0                                      #: ``run`` calls awaiting it
 
 
 class ServiceActor:
-    def __init__(self, *args):
-        from plexrl.runtime.service import Service
-        self._service = Service(*args)
+    def __init__(self, *args, engine: str = "torch", recent_calls: int = 4096,
+                 call_s: float = 0.0):
+        if engine == "simulated":
+            from plexrl.runtime.simulated import SimulatedService
+            self._service = SimulatedService(*args, call_s=call_s)
+        else:
+            from plexrl.runtime.service import Service
+            self._service = Service(*args)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute")
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="copy")
         self._calls: dict[tuple[str, int], _Rendezvous] = {}
+        self.records = CallRecords(recent_calls)
+        self._checkpoints: dict[str, tuple[int, str]] = {}   #: job -> (every N versions, dir)
+
+    async def ping(self) -> bool:
+        """Alive (answers at once, whatever runs)."""
+        return True
 
     async def ready(self) -> dict:
         return await self._on(self._compute, self._service.ready)
@@ -46,41 +67,97 @@ class ServiceActor:
             if owner == job and not slot.result.done():
                 slot.result.set_exception(err)
         await self._on(self._compute, self._service.unbind, job)
+        self.records.forget(job)
+        self._checkpoints.pop(job, None)
 
     # -- calls -------------------------------------------------------------------------------
     async def run(self, request, payload):
-        """A job's call: waits for the controller's go, then answers the job with its result."""
+        """A job's call: waits for the controller's go, then answers the job with its result.
+        A call id seen before is answered from the service's record (or waits for the run
+        already under way): a resent call never runs twice."""
         self._service.check_token(request)
+        done = self.records.get(request.job, request.seq)
+        if done is not None:
+            return _answer(done)
         slot = self._slot(request.job, request.seq)
-        if slot.payload.done():
-            raise OrderError(f"job {request.job}: sequence number {request.seq} was already used",
-                             job=request.job, seq=request.seq)
-        slot.payload.set_result(payload)
+        if not slot.payload.done():
+            slot.payload.set_result(payload)
+        slot.waiters += 1
         try:
-            return await slot.result
+            return await asyncio.shield(slot.result)
         finally:
-            self._calls.pop((request.job, request.seq), None)
+            slot.waiters -= 1
+            if slot.waiters == 0 and slot.record.done():
+                self._calls.pop((request.job, request.seq), None)
 
     async def go(self, order) -> dict:
-        """The controller dispatched ``order``: run it once its payload is here."""
-        slot = self._slot(order.request.job, order.request.seq)
+        """The controller dispatched ``order``: run it once its payload is here. A go for a
+        call that ran (or runs) already answers that run's record."""
+        request = order.request
+        done = self.records.get(request.job, request.seq)
+        if done is not None and done.record is not None:
+            return done.record
+        slot = self._slot(request.job, request.seq)
+        if slot.started:
+            return await asyncio.shield(slot.record)
+        slot.started = True
         payload = await slot.payload
         start = time.perf_counter()
+        self.records.executed(request.job, request.seq)
         try:
-            result = await self._on(self._compute, self._service.run, order, payload)
+            result, saved = await self._on(self._compute, self._run, order, payload)
         except Exception as err:   # the job reads it from its result; the controller goes on
-            if not slot.result.done():
-                slot.result.set_exception(err)
-            return {"duration_s": time.perf_counter() - start, "failed": type(err).__name__}
+            record = {"duration_s": time.perf_counter() - start, "failed": type(err).__name__}
+            self._settle(slot, request, Outcome(error=err, record=record))
+            return record
+        record = {"duration_s": time.perf_counter() - start, "failed": "", "saved": saved}
+        self._settle(slot, request, Outcome(result=result, record=record))
+        return record
+
+    def _run(self, order, payload):
+        """Run the call; after an OPTIM_STEP that makes a version the job checkpoints at,
+        write the checkpoint before any other call of this group runs."""
+        request = order.request
+        result = self._service.run(order, payload)
+        saved = None
+        if request.function == Function.SAVE:
+            saved = {"role": str(request.role), "path": str(request.option("path")),
+                     "version": int(result.get("optim_steps", 0))}
+        every, where = self._checkpoints.get(request.job, (0, ""))
+        if request.function == Function.OPTIM_STEP and every:
+            version = int(result.get("version", 0))
+            if version % every == 0:
+                path = f"{where}/{request.job}-{request.role}-v{version}.safetensors"
+                self._service.checkpoint(request.job, request.role, path)
+                saved = {"role": str(request.role), "path": path, "version": version}
+        return result, saved
+
+    def _settle(self, slot: _Rendezvous, request, outcome: Outcome) -> None:
+        self.records.finished(request, outcome)
         if not slot.result.done():
-            slot.result.set_result(result)
-        return {"duration_s": time.perf_counter() - start, "failed": ""}
+            if outcome.error is not None:
+                slot.result.set_exception(outcome.error)
+            else:
+                slot.result.set_result(outcome.result)
+        if not slot.record.done():
+            slot.record.set_result(outcome.record)
+        if slot.waiters == 0:
+            self._calls.pop((request.job, request.seq), None)
+
+    async def checkpoints(self, job: str, every: int, where: str) -> None:
+        """Write a checkpoint of ``job``'s trainer copies to ``where`` every ``every``
+        weight versions (0: never)."""
+        if every:
+            self._checkpoints[job] = (every, where)
 
     async def fail(self, job: str, seq: int, err: Exception) -> None:
         """The controller refused the call: its job gets ``err``."""
         slot = self._slot(job, seq)
         if not slot.result.done():
             slot.result.set_exception(err)
+            slot.result.exception()   # read: a refusal nobody waits for is not an error
+        if not slot.record.done():
+            slot.record.set_result(None)
 
     # -- transitions and records -------------------------------------------------------------
     async def move(self, *args) -> dict:
@@ -91,6 +168,27 @@ class ServiceActor:
 
     async def stats(self) -> dict:
         return self._service.stats()
+
+    async def holdings(self) -> dict:
+        """What this service holds, once every call and transition already started here has
+        finished (a barrier on both threads): per job, its States (tier, version), the next
+        call on each model copy, and the calls it ran recently with their records."""
+        await self._on(self._copy, lambda: None)
+        while any(slot.started and not slot.record.done() for slot in self._calls.values()
+                  if slot.payload.done()):
+            await asyncio.sleep(0.01)
+        await self._on(self._compute, lambda: None)
+        held = await self._on(self._compute, self._service.holdings)
+        for job, hosted in held.items():
+            hosted["ran"] = self.records.of_job(job)
+            hosted["versions"] = {role: v for (owner, role), v in self.records.versions.items()
+                                  if owner == job}
+        return held
+
+    async def executions(self) -> dict:
+        """How many times calls really ran: the total, and the call ids that ran twice."""
+        return {"total": sum(self.records.executions.values()),
+                "repeated": self.records.repeated()}
 
     async def close(self) -> None:
         await self._on(self._compute, self._service.close)
@@ -104,3 +202,9 @@ class ServiceActor:
     @staticmethod
     async def _on(pool: ThreadPoolExecutor, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _answer(outcome: Outcome):
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.result

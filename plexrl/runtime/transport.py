@@ -8,6 +8,12 @@ payload, straight to the service of its worker group, which holds it until the c
 says go; and, described without its payload, to the controller. Its result comes back from
 the service directly.
 Errors arrive as the ``PlexError`` the runtime raised, not wrapped.
+
+The controller it starts is restartable (``max_restarts=-1``) and every call on it is retried
+by Ray until the restarted controller answers it (``max_task_retries=-1``): a submit the dead
+controller never acknowledged is resent with the same sequence number (the controller answers a
+repeat from its journal; the service, from its record). A call whose service died is settled
+with the controller's ``ServiceLost`` for the job, which names its last checkpoint.
 Must not know: scheduling, or what a call computes.
 """
 
@@ -61,7 +67,8 @@ class RayTransport:
             self.session = secrets.token_hex(4)
             controller = f"plexrl-controller-{self.session}"
             self.controller = ray.remote(Controller).options(   # on this driver's node
-                name=controller, num_cpus=0, max_concurrency=1000,
+                name=controller, num_cpus=0, max_concurrency=1000, max_restarts=-1,
+                max_task_retries=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
                     ray.get_runtime_context().get_node_id(), soft=False),
             ).remote(self.config, self.session)
@@ -107,6 +114,25 @@ class RayTransport:
             return
         _set(out, value=ticket)
 
+    def attach(self, ticket: Ticket) -> "Future[JobRequest]":
+        """Take over a job registered elsewhere (a submitted job's program holds its ticket):
+        its registration, once the job is placed and its routes are known here."""
+        out: Future = Future()
+
+        def attached(done: Future) -> None:
+            try:
+                request = done.result()
+            except Exception as err:
+                _set(out, error=_unwrap(err))
+                return
+            routed: Future = Future()
+            routed.add_done_callback(lambda r: _set(out, value=request) if r.exception() is None
+                                     else _set(out, error=r.exception()))
+            routes = self.controller.routes.remote(ticket)
+            routes.future().add_done_callback(lambda got: self._routed(routed, ticket, got))
+        self.controller.attach.remote(ticket).future().add_done_callback(attached)
+        return out
+
     def submit(self, request: CallRequest) -> Future:
         """Send the call with its payload to its service, and its description to the
         controller; the result comes from the service, a refusal from either."""
@@ -117,8 +143,29 @@ class RayTransport:
         head.future().add_done_callback(lambda done: _refused(out, done, service is None))
         if service is not None:
             result = service.run.remote(bare, request.payload)
-            result.future().add_done_callback(lambda done: _settle(out, done))
+            result.future().add_done_callback(lambda done: self._ran(out, done, request))
         return out
+
+    def _ran(self, out: Future, done: Future, request: CallRequest) -> None:
+        """The service's answer; if the service died, the controller's ``ServiceLost`` for
+        the job (with its last checkpoint) instead of Ray's error."""
+        try:
+            _set(out, value=done.result())
+            return
+        except ray.exceptions.RayActorError as err:
+            died = err
+        except Exception as err:
+            _set(out, error=_unwrap(err))
+            return
+        ticket = Ticket(request.job, request.token)
+
+        def named(answer: Future) -> None:
+            try:
+                lost = answer.result()
+            except Exception:
+                lost = None
+            _set(out, error=lost or _unwrap(died))
+        self.controller.lost.remote(ticket).future().add_done_callback(named)
 
     def end(self, ticket: Ticket) -> "Future[None]":
         self._tickets.pop(ticket.job, None)

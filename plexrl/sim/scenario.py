@@ -65,6 +65,9 @@ class ModelConfig:
     decode_mfu: float = option(0.5, unit="frac", min=0.01, max=1.0, doc="matmul efficiency in decode")
     moe_saturation_batch: int = option(1, unit="count", min=1)
     prefill_tokens_per_s: float = option(50000.0, unit="tokens/s", min=1, doc="per rollout instance")
+    kv_cache_tokens: int | None = option(None, unit="tokens", min=0,
+                                         doc="standing KV cache per rollout instance; unset: the "
+                                             "group's free memory; 0: reserved per call (runtime)")
 
     def spec(self, trainable: bool = True) -> ModelSpec:
         return ModelSpec(name=self.name, total_params=self.total_params,
@@ -72,7 +75,7 @@ class ModelConfig:
                          kv_heads=self.kv_heads, head_dim=self.head_dim,
                          dtype_bytes=self.dtype_bytes, tp=self.tp, pp=self.pp, dp=self.dp,
                          ep=self.ep, rollout_tp=self.rollout_tp, optimizer=self.optimizer,
-                         trainable=trainable)
+                         trainable=trainable, kv_cache_tokens=self.kv_cache_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +141,59 @@ class TraceConfig:
                                            max=100, doc="rho values of --sweep load")
 
 
+FUNCTIONS = ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredJobConfig:
+    """One job of a measured run, as its calls and its driver's gaps: one step is the calls
+    of ``functions`` in order, each issued ``gap_s`` after the previous call's result came
+    back (the first: after the previous step's last call) and holding the group
+    ``duration_s`` (dispatch to result). Lists are parallel, one entry per call of a step.
+    Every call is of the job's policy model (one model per measured job, as the bench's)."""
+
+    model: str = option(doc="key of [models.*]; the sizes of the job's States")
+    functions: tuple[str, ...] = option(choices=FUNCTIONS, doc="the calls of one step, in order")
+    duration_s: tuple[float, ...] = option(unit="s", min=0, doc="dispatch to result, per call")
+    compute_s: tuple[float, ...] = option(default_factory=tuple, unit="s", min=0,
+                                          doc="the service's compute (what the core learns); "
+                                              "empty: duration_s")
+    gap_s: tuple[float, ...] = option(unit="s", min=0,
+                                      doc="driver-side wait before each call (reward, tools)")
+    workspace_bytes: tuple[int, ...] = option(unit="bytes", min=0,
+                                              doc="device bytes each call reserves while it runs")
+    staleness: int = option(0, unit="count", min=0, max=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredConfig:
+    """A run of the runtime replayed: its one worker group, its jobs' calls, measured moves.
+
+    ``plexrl sim`` on a scenario with this table predicts the run's device-seconds per
+    training step, each job alone and all together, and each job's slowdown, over the steps
+    after the scenario's ``warmup_steps`` up to ``num_steps`` (plexrl/sim/measured.py).
+    Written by plexrl/sim/from_run.py from a run's logs."""
+
+    run: str = option("", doc="what was measured (command, mode)")
+    num_devices: int = option(1, unit="count", min=1, doc="devices of the one worker group")
+    device_bytes: int = option(unit="bytes", min=1, doc="memory of one device, as the core sees it")
+    host_bytes: int = option(4 << 30, unit="bytes", min=1)
+    disk_bytes: int = option(64 << 30, unit="bytes", min=0)
+    nominal_bytes_per_s: float = option(8e9, unit="bytes/s", min=1,
+                                        doc="host<->device rate the core is told")
+    onload_bytes_per_s: float = option(unit="bytes/s", min=1, doc="achieved, host -> device")
+    offload_bytes_per_s: float = option(unit="bytes/s", min=1, doc="achieved, device -> host")
+    move_latency_s: float = option(0.0, unit="s", min=0,
+                                   doc="a move's round trip from the core's decision to its report")
+    move_service_s: float = option(0.0, unit="s", min=0,
+                                   doc="the group's copy work per move beside its bytes "
+                                       "(allocate, publish)")
+    serial_moves: bool = option(True, doc="the group copies one move at a time (one copy thread)")
+    backfill: bool = option(False, doc="the core's backfill (the runtime runs without)")
+    barrier: bool = option(True, doc="shared jobs start their timed steps together")
+    jobs: dict[str, MeasuredJobConfig] = option(default_factory=dict)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str = option(doc="scenario name")
@@ -158,6 +214,7 @@ class Scenario:
     experiments: dict[str, ExperimentConfig] = option(default_factory=dict)
     sweep: SweepConfig = option(default_factory=SweepConfig)
     trace: TraceConfig | None = option(None, doc="set for a cluster-level trace replay")
+    measured: MeasuredConfig | None = option(None, doc="set to replay a measured runtime run")
     source: str = field(default="", compare=False)
 
 
@@ -212,9 +269,11 @@ def validate(s: Scenario, file: str) -> None:
             raise ConfigError("jobs sharing a training pool must use one model", file=file,
                               field=f"experiments.{name}.workloads", value=list(e.workloads),
                               fix="pair workloads of the same model")
-    if not s.experiments and s.trace is None:
+    if not s.experiments and s.trace is None and s.measured is None:
         raise ConfigError("no experiments", file=file, field="experiments",
                           fix="add at least one [experiments.NAME] table")
+    if s.measured is not None:
+        _check_measured(s, s.measured, file)
     for model, table in s.sizes.items():
         _check_rollout_sizes(s, model, table, file)
     for name, axis in s.sweep.axes.items():
@@ -241,3 +300,29 @@ def _check_rollout_sizes(s: Scenario, model: str, table: SizesConfig, file: str)
                 raise ConfigError(f"not a whole number of rollout instances of {tp} devices",
                                   file=file, field=f"sizes.{model}.{name}", value=value,
                                   fix=f"use a multiple of models.{model}.rollout_tp ({tp})")
+
+
+def _check_measured(s: Scenario, m: MeasuredConfig, file: str) -> None:
+    """Every measured job names a model and has one entry per call in each list."""
+    if not m.jobs:
+        raise ConfigError("a measured run needs jobs", file=file, field="measured.jobs",
+                          fix="add [measured.jobs.NAME] tables (plexrl/sim/from_run.py writes them)")
+    for name, job in m.jobs.items():
+        where = f"measured.jobs.{name}"
+        if job.model not in s.models:
+            raise ConfigError("unknown model", file=file, field=f"{where}.model", value=job.model,
+                              fix=f"use one of {', '.join(sorted(s.models)) or '(add [models.NAME])'}")
+        calls = len(job.functions)
+        if not calls:
+            raise ConfigError("a step needs calls", file=file, field=f"{where}.functions", value=[],
+                              fix=f"list the calls of one step, from {', '.join(FUNCTIONS)}")
+        for list_name in ("duration_s", "compute_s", "gap_s", "workspace_bytes"):
+            values = getattr(job, list_name)
+            if len(values) != calls and not (list_name == "compute_s" and not values):
+                raise ConfigError(f"one entry per call of a step ({calls})", file=file,
+                                  field=f"{where}.{list_name}", value=list(values),
+                                  fix=f"give {calls} values, one for each of functions")
+        if "optim_step" not in job.functions:
+            raise ConfigError("a training step ends with an optim_step", file=file,
+                              field=f"{where}.functions", value=list(job.functions),
+                              fix="include optim_step among the calls of a step")

@@ -126,3 +126,22 @@ def test_hf_tokenizer_reads_a_local_directory_only(tmp_path):
     assert tok.decode([1, 3, 4, 2, 3]) == "hello world"
     with pytest.raises(ConfigError):
         HFTokenizer(tmp_path / "missing")
+
+
+def test_reasoning_gym_answer_mapping_feeds_warm_up_while_score_answer_grades():
+    """The demo's spell_backward: lower-cased prompt and reference; the dataset's own
+    score_answer still grades (case-blind, partial credit for matching leading letters)."""
+    from plexrl.demo.plan import demo_jobs, make_task, make_tokenizer
+    job = next(j for j in demo_jobs() if j.task == "spell_backward")
+    task = make_task(job)
+    held = task.sample(200, seed=job.seed, split="heldout")
+    assert len({it.prompt for it in held}) == 200
+    assert all(it.answer == it.columns["entry"]["answer"].lower() for it in held)
+    assert all(it.prompt == it.answer[::-1] + ">" for it in held)
+    tok = make_tokenizer(task)
+    assert tok.vocab_size <= 64 and tok.decode(tok.encode(held[0].answer)) == held[0].answer
+    item = held[0]
+    assert task.score(item, item.answer) == 1.0
+    assert task.score(item, item.answer.upper()) == 1.0
+    assert 0.0 < task.score(item, item.answer[:-1] + "#") < 1.0
+    assert task.score(item, "") == 0.0

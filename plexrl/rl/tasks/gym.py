@@ -4,7 +4,9 @@ Owns: drawing reasoning-gym entries into ``Item``s of one split, and scoring a c
 with the dataset's ``score_answer(answer, entry)``. reasoning-gym generates entry ``i`` of a
 dataset from (seed, i), so a sample is reproducible; the split is the shared hash rule of
 ``base`` on the prompt text. ``prompt`` maps an entry to the text the model sees: the
-dataset's ``question`` by default, or e.g. its bare expression for a tiny model. The entry
+dataset's ``question`` by default, or e.g. its bare expression for a tiny model; ``answer``
+maps it to the reference text (the dataset's ``answer`` by default; e.g. lower-cased where the
+scorer ignores case), which only a supervised warm-up reads: scores come from ``score_answer``. The entry
 travels in the item's columns (``entry``), so a TRL-style reward function can score it too.
 Must not know: tokenizers, the client, reward weighting.
 """
@@ -22,6 +24,10 @@ def question(entry: dict) -> str:
     return entry["question"]
 
 
+def reference(entry: dict) -> str:
+    return str(entry["answer"])
+
+
 @dataclass
 class ReasoningGymTask:
     """``dataset``: a reasoning-gym name (e.g. "chain_sum"); ``config``: its generator's
@@ -30,6 +36,7 @@ class ReasoningGymTask:
     dataset: str
     config: dict = field(default_factory=dict)
     prompt: Callable[[dict], str] = question
+    answer: Callable[[dict], str] = reference      #: the reference text warm-up trains on
     heldout_frac: float = 0.2
     alphabet: str = ""           #: set by ``fit_alphabet`` when a char tokenizer needs it
 
@@ -62,7 +69,7 @@ class ReasoningGymTask:
             if split == "heldout" and text in seen:
                 continue
             seen.add(text)
-            items.append(Item(text, str(entry["answer"]), {"entry": entry}))
+            items.append(Item(text, self.answer(entry), {"entry": entry}))
             if len(items) == n:
                 return items
         raise ConfigError(f"found only {len(items)} of {n} {split} items", field="n", value=n,
