@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(at most 100k events per strategy) into --out")
     from plexrl.cli.demo import add_parser as add_demo
     add_demo(sub)
+    from plexrl.cli.trace import add_parser as add_trace
+    add_trace(sub)
     from plexrl.cli.service import add_parsers as add_service
     add_service(sub)
     return parser
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from plexrl.cli.demo import run as run_demo
             return run_demo(args)
+        if args.command == "trace":
+            from plexrl.cli.trace import run as run_trace
+            return run_trace(args)
         from plexrl.cli.service import COMMANDS, run as run_service
         if args.command in COMMANDS:
             return run_service(args)

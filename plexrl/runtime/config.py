@@ -61,6 +61,10 @@ class RuntimeConfig:
                                doc="simulated engine: seconds one call takes")
     recent_calls: int = option(4096, unit="count", min=1,
                                doc="calls each service remembers, to answer a repeat")
+    observe_host: str = option("127.0.0.1", doc="address of the metrics and dashboard server "
+                                                "(loopback unless told otherwise)")
+    observe_port: int = option(0, unit="count", min=0, max=65535,
+                               doc="its port; 0: one the OS picks (inspect('endpoints') says)")
 
     @property
     def num_devices(self) -> int:

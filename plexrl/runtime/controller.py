@@ -6,7 +6,8 @@ a ``PlacementError``), admitting each job's calls in its sequence-number order w
 they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
 an asyncio Ray actor, so every fold and plan happens on one thread. It also ends jobs whose
-driver stopped renewing its lease. It decides and never carries tensors: a call's payload
+driver stopped renewing its lease, and serves its metrics and dashboard (``endpoints.py``,
+on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
 
 Durable (docs/design-durable.md): what it decides is written to its journal (``journal.py``)
@@ -43,6 +44,7 @@ from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, Stat
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime import recovery
+from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
                                  job_spec, workspace_bytes)
@@ -67,6 +69,7 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
         self.recovered: dict | None = None             #: what the last restart found
         self._replay: dict = {}                        #: recovery's view of the journal's calls
         self._starting: asyncio.Lock | None = None
+        self.endpoints: Endpoints | None = None   #: metrics and dashboard (endpoints.py)
 
     async def start(self) -> dict:
         await self._up()
@@ -99,6 +102,8 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
             else:
                 self.snap = snap
             self._spawn(self._expire_leases())
+            self.endpoints = await Endpoints.start(self, self.config.observe_host,
+                                                   self.config.observe_port)
             self._plan()
 
     async def info(self) -> dict:
@@ -228,6 +233,10 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
             stats = await asyncio.gather(*(s.stats.remote()
                                            for s in self.executor.services.values()))
             return dict(zip(self.executor.services, stats))
+        if what == "endpoints":   # where to read metrics and the dashboard (plexrl status)
+            return self.endpoints.urls()
+        if what == "clock":       # the records' clock: its zero (start) and now, monotonic s
+            return {"started_s": self.endpoints.started_s, "now_s": time.monotonic()}
         if what == "status":
             return {"jobs": {j: {str(k): v for k, v in r.groups.items()}
                              for j, r in self.jobs.items()},
@@ -236,7 +245,7 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
                     "queued": len(self.snap.queued), "running": len(self.snap.running)}
         raise ConfigError("nothing to inspect by this name", value=what,
                           fix="one of calls, transitions, failed-transitions, bytes, status, "
-                          "executions, resumable")
+                              "executions, resumable, endpoints, clock")
 
     async def service(self, wg: str):
         """The handle of a worker group's service actor (tests, tools)."""
@@ -248,6 +257,8 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
         for job, record in list(self.jobs.items()):
             await self._end_job(job, record, CallError(f"runtime shut down; job {job} ended",
                                                        job=job))
+        if self.endpoints is not None:
+            await self.endpoints.stop()
         await self.executor.shutdown()
         self.journal.put("services", "down")
         self.journal.close()

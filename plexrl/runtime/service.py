@@ -175,9 +175,10 @@ class Service:
         if hosted is not None and Role.POLICY in hosted.models:
             self.store.save_rng(job, hosted.models[Role.POLICY].generator)
 
-    def transitions(self, failed: bool = False) -> list[dict]:
-        """Every transition done (or, ``failed``, every one that raised)."""
-        return list(self.failed if failed else self.log)
+    def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
+        """Every transition done (or, ``failed``, every one that raised), from the
+        ``start``-th on (metrics read only the new ones)."""
+        return (self.failed if failed else self.log)[start:]
 
     def stats(self) -> dict:
         """Bytes held per tier (every copy counted), States, and this process's resident memory."""

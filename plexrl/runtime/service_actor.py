@@ -163,8 +163,8 @@ class ServiceActor:
     async def move(self, *args) -> dict:
         return await self._on(self._copy, self._service.move, *args)
 
-    async def transitions(self, failed: bool = False) -> list[dict]:
-        return self._service.transitions(failed)
+    async def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
+        return self._service.transitions(failed, start)
 
     async def stats(self) -> dict:
         return self._service.stats()

@@ -117,6 +117,18 @@ def test_submit_runs_the_program_and_logs_its_output(service):
     assert view["state"] == "succeeded" and view["exit_code"] == 0 and view["position"] is None
 
 
+def test_status_reports_the_metrics_endpoint_and_trace_attaches_to_the_service(service):
+    import urllib.request
+    endpoints = service.json("status")["endpoints"]
+    assert endpoints["metrics"].startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(endpoints["metrics"], timeout=30) as answer:
+        assert b"plexrl_calls_total{" in answer.read()   # own-job's calls, above
+    out = service.home / "trace.json"
+    assert "wrote" in service.run("trace", "--job", "own-job", "-o", str(out)).stdout
+    spans = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert spans and {e["args"]["job"] for e in spans if "job" in e["args"]} == {"own-job"}
+
+
 def test_queue_by_priority_job_tokens_and_cancel(service):
     """Queued positions follow priority (status and jobs); a job cannot list, read or cancel
     another job without the operator token; cancel kills the program's process group."""
