@@ -6,7 +6,7 @@ then times a scrape (``observe.readings`` + ``RuntimeMetrics.update`` + ``render
 new calls (the first), then after no new ones (the steady state), and a dashboard poll
 (``readings`` + ``dashboard_state`` + ``render_page``). Prints one JSON object: milliseconds
 per operation (median of ``--repeat``) for each N, and the ratio of each to the smallest N
-(the steady state should not grow with N: O7 of docs/design-obs.md).
+(the steady state should not grow with N: D170 of docs/design.md).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def ratio(c: Candidate) -> float:
 
 def priority_weight(priority: int) -> float:
     """HRRS weight of a job's calls: 1 + p for priority p >= 0, 1 / (1 - p) below 0, so
-    priority 1 doubles a call's ratio and priority -1 halves it (docs/design-service.md)."""
+    priority 1 doubles a call's ratio and priority -1 halves it (docs/design.md)."""
     return 1.0 + priority if priority >= 0 else 1.0 / (1.0 - priority)
 
 

@@ -5,7 +5,7 @@ Owns: ``DemoJob``, ``demo_jobs(quick, scale)``, building each job's task and tok
 ``config_hash`` (what a baseline record must match). Must not know: the runtime, threads,
 timing or output files.
 
-The jobs (measured choices: docs/design-demo2.md): ``copy`` (own digit task, tiny-llama),
+The jobs (measured choices: docs/design.md): ``copy`` (own digit task, tiny-llama),
 ``reverse`` (own digit task, tiny-qwen2) and ``spell-backward`` (reasoning-gym's
 ``spell_backward``, 3-5 letter words, compact prompt ``"word>"``, scored by its own
 ``score_answer``; tiny-qwen2). Each declares ``verifier_s``: the round trip of its remote

@@ -10,7 +10,7 @@ driver stopped renewing its lease, and serves its metrics and dashboard (``endpo
 on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
 
-Durable (docs/design-durable.md): what it decides is written to its journal (``journal.py``)
+Durable (docs/design.md): what it decides is written to its journal (``journal.py``)
 at fixed points -- a job registered, bound, ended; a call on arrival, BEFORE its dispatch and
 at its end; a State moved; a checkpoint written. It may be restarted by Ray at any point:
 its first call after a (re)start runs ``_up``, which on a restart attaches to the services

@@ -1,6 +1,6 @@
 """What an operator reads off a running controller: summaries of its call log and Snapshot.
 
-Owns the definitions the metrics endpoint and the dashboard share (docs/design-obs.md):
+Owns the definitions the metrics endpoint and the dashboard share (docs/design.md):
 
 - utilisation of a worker group over a window: the share of it the group ran a call;
 - a job's slowdown against running alone: its elapsed time over that time less the time it

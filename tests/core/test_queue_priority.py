@@ -1,4 +1,4 @@
-"""HRRS weighted by job priority (docs/design-service.md): the weight multiplies the ratio,
+"""HRRS weighted by job priority (docs/design.md): the weight multiplies the ratio,
 and ``stable_until`` stays a true bound with weights."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durable control state: the journal, and faults the runtime survives (docs/design-durable.md).
+"""Durable control state: the journal, and faults the runtime survives (docs/design.md).
 
 - a controller killed at a seeded random point of a 10-step job is restarted by Ray and picks
   up from its journal and its services: the job's final state is bitwise that of an

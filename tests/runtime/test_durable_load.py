@@ -5,7 +5,7 @@ exactly one answer at its client, and no call ran twice.
 
 The groups' devices hold a few jobs' States each, so States swap all the time. Prefetch is
 off: with a hundred jobs on one node the core's prefetch planning dominates (it sums the host
-bytes of every State per candidate; docs/design-durable.md), and this test is about the
+bytes of every State per candidate; docs/design.md), and this test is about the
 journal and the answers, not the planner's speed.
 """
 

@@ -2,11 +2,11 @@
 its isolated runs as a scenario and simulated: the prediction holds against the measurement.
 
 The run uses the default 256 MiB device (all States fit: no switch moves, whose stall the
-replay under-predicts, docs/design-simcheck.md Sx6). Bounds, loose on purpose (a shared
+replay under-predicts, docs/design.md D152). Bounds, loose on purpose (a shared
 2-core machine; bench/sim_vs_runtime.py is the real check, 20%): device-seconds per training
 step within 50% alone (a replay of the same calls) and shared when each call takes its
 shared duration (the model of queueing; the machine's speed may drift between the two
-phases, Sx6); the prediction from the isolated runs alone orders shared below isolated, as
+phases, D152); the prediction from the isolated runs alone orders shared below isolated, as
 the measurement does. No wall-time figure is asserted as such.
 """
 
