@@ -5,9 +5,10 @@ Owns: the registration of jobs (a ticket once every copy is bound, or the core's
 a ``PlacementError``), admitting each job's calls in its sequence-number order whatever order
 they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
-an asyncio Ray actor, so every fold and plan happens on one thread. It also ends jobs whose
-driver stopped renewing its lease, and serves its metrics and dashboard (``endpoints.py``,
-on its own loop). It decides and never carries tensors: a call's payload
+an asyncio Ray actor, so every fold and plan happens on one thread. How jobs end (leases,
+``end``, a lost service, shutdown) is ``endings.py``, what may be read is ``inspection.py``,
+submitted jobs are ``submissions.py`` (mixins of this class); it serves its metrics and
+dashboard (``endpoints.py``, on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
 
 Durable (docs/design.md): what it decides is written to its journal (``journal.py``)
@@ -25,10 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import shutil
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -38,8 +36,8 @@ from plexrl.core import events as ev
 from plexrl.core.decisions import Dispatch, Move, Place, Reject
 from plexrl.core.invariants import check_decisions, check_step, enforce
 from plexrl.core.snapshot import Snapshot
-from plexrl.errors import (AuthError, CallError, ConfigError, LeaseExpired, OrderError,
-                           PlacementError, ServiceLost)
+from plexrl.errors import (AuthError, CallError, ConfigError, OrderError, PlacementError,
+                           ServiceLost)
 from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
@@ -48,11 +46,15 @@ from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
                                  job_spec, workspace_bytes)
-from plexrl.runtime.journal import TERMINAL, Journal
+from plexrl.runtime.journal import TERMINAL, Journal, state_dir
+from plexrl.runtime.endings import JobEndings
+from plexrl.runtime.inspection import Inspection
 from plexrl.runtime.submissions import SubmittedJobs
 
 
-class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: submissions.py
+class Controller(SubmittedJobs, JobEndings, Inspection):
+    # submissions.py: submitted jobs, their programs, tokens; endings.py: leases, end, a lost
+    # service; inspection.py: what tests, tools and the CLI may read
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
@@ -159,29 +161,6 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
         if error is not None:   # it used its sequence number; the job goes on
             raise error
 
-    async def renew(self, tickets: list[Ticket]) -> None:
-        """The drivers of these jobs are alive (their transports call this every lease / 3)."""
-        await self._up()
-        now = time.monotonic()
-        for ticket in tickets:
-            record = self.jobs.get(ticket.job)
-            if record is not None and secrets.compare_digest(record.token, ticket.token):
-                record.renewed_at = now
-
-    async def _expire_leases(self) -> None:
-        """End every job whose driver has been silent for ``lease_s``: its calls fail, its
-        States, spill files and bindings are released; other jobs go on."""
-        lease = self.config.lease_s
-        while True:
-            await asyncio.sleep(min(1.0, lease / 4))
-            now = time.monotonic()
-            for job, record in list(self.jobs.items()):
-                if now - record.renewed_at > lease and record.placed.done():
-                    await self._end_job(job, record, LeaseExpired(
-                        f"job {job}: its driver sent no sign of life for {lease:g} s; the job "
-                        "was ended and its state released (fix: keep the driver's transport "
-                        "open, or raise lease_s)", job=job, lease_s=lease))
-
     async def routes(self, ticket: Ticket) -> list:
         """Where the job's calls go: (role, copy, service actor) for each of its copies."""
         await self._up()
@@ -189,81 +168,6 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
         record.handed = True
         return [(role, copy, self.executor.services[wg]) for (role, copy), wg in
                 record.groups.items()]
-
-    async def end(self, ticket: Ticket) -> None:
-        await self._up()
-        if ticket.job not in self.jobs and ticket.job in self.lost_jobs:
-            return None   # ended already, by its service's death
-        record = self._authorised(ticket.job, ticket.token)
-        await self._end_job(ticket.job, record, CallError(f"job {ticket.job} ended",
-                                                          job=ticket.job))
-
-    async def lost(self, ticket: Ticket) -> ServiceLost | None:
-        """The ``ServiceLost`` that ended this job, if a service of it died (each of its
-        services is asked; the first found dead ends its jobs now); else None."""
-        await self._up()
-        record = self.jobs.get(ticket.job)
-        if record is not None and secrets.compare_digest(record.token, ticket.token):
-            for wg in sorted(set(record.groups.values())):
-                service = self.executor.services.get(wg)
-                try:
-                    if service is not None:
-                        await service.ping.remote()
-                except ray.exceptions.RayActorError as err:
-                    self._lost(wg, err)
-                    break
-        err, token = self.lost_jobs.get(ticket.job, (None, ""))
-        return err if err is not None and secrets.compare_digest(token, ticket.token) else None
-
-    async def inspect(self, what: str):
-        await self._up()
-        if what == "calls":
-            return list(self.call_log)
-        if what == "executions":
-            counts = await asyncio.gather(*(s.executions.remote()
-                                            for s in self.executor.services.values()))
-            return dict(zip(self.executor.services, counts))
-        if what == "resumable":
-            return recovery.resumable(self.journal)
-        if what in ("transitions", "failed-transitions"):
-            logs = await asyncio.gather(*(s.transitions.remote(what != "transitions")
-                                          for s in self.executor.services.values()))
-            return sorted((t for log in logs for t in log), key=lambda t: t.get("end_s", 0))
-        if what == "bytes":
-            stats = await asyncio.gather(*(s.stats.remote()
-                                           for s in self.executor.services.values()))
-            return dict(zip(self.executor.services, stats))
-        if what == "endpoints":   # where to read metrics and the dashboard (plexrl status)
-            return self.endpoints.urls()
-        if what == "clock":       # the records' clock: its zero (start) and now, monotonic s
-            return {"started_s": self.endpoints.started_s, "now_s": time.monotonic()}
-        if what == "status":
-            return {"jobs": {j: {str(k): v for k, v in r.groups.items()}
-                             for j, r in self.jobs.items()},
-                    "states": {str(k): (v.tier, v.num_bytes, v.version)
-                               for k, v in self.snap.states.items()},
-                    "queued": len(self.snap.queued), "running": len(self.snap.running)}
-        raise ConfigError("nothing to inspect by this name", value=what,
-                          fix="one of calls, transitions, failed-transitions, bytes, status, "
-                              "executions, resumable, endpoints, clock")
-
-    async def service(self, wg: str):
-        """The handle of a worker group's service actor (tests, tools)."""
-        await self._up()
-        return [self.executor.services[wg]]
-
-    async def shutdown(self) -> None:
-        await self._up()
-        for job, record in list(self.jobs.items()):
-            await self._end_job(job, record, CallError(f"runtime shut down; job {job} ended",
-                                                       job=job))
-        if self.endpoints is not None:
-            await self.endpoints.stop()
-        await self.executor.shutdown()
-        self.journal.put("services", "down")
-        self.journal.close()
-        if not self.config.state_dir:   # a session's own journal: nothing left to resume
-            shutil.rmtree(state_dir(self.config, self.session), ignore_errors=True)
 
     # -- calls in order ----------------------------------------------------------------------
     def _authorised(self, job: JobId, token: str) -> JobRecord:
@@ -481,55 +385,10 @@ class Controller(SubmittedJobs):   # submitted jobs, their programs, tokens: sub
         else:
             self._plan()
 
-    # -- endings -----------------------------------------------------------------------------
-    async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
-        """Forget the job: its calls still waiting fail with ``err``; its States are released."""
-        self._forget(job)
-        self.journal.end_job(job, f"{type(err).__name__}: {err}")
-        self._fold(ev.JobEnded(job=job, at=time.monotonic(), reason=str(err)))
-        await asyncio.gather(*(self.executor.unbind(wg, job, err)
-                               for wg in set(record.groups.values())), return_exceptions=True)
-        self._plan()
-
-    def _lost(self, wg, err: Exception) -> None:
-        """A service died: its jobs end with ``ServiceLost``, naming their last checkpoint
-        (their calls there fail with the actor, and the job reads that error from ``lost``);
-        the group leaves the cluster the core places on; other groups go on."""
-        if wg not in self.executor.services:
-            return   # known already
-        del self.executor.services[wg]
-        for job, record in list(self.jobs.items()):
-            if wg in record.groups.values():
-                self._forget(job)
-                last = self.journal.last_checkpoint(job)
-                lost = ServiceLost(
-                    f"worker group {wg} lost its service actor ({type(err).__name__}); job {job} "
-                    "must resume from its last saved state: "
-                    + (f"version {last.version} at {last.path}" if last else "none was saved"),
-                    wg=wg, job=job, last_version=last.version if last else -1,
-                    checkpoint=last.path if last else "")
-                self.lost_jobs[job] = (lost, record.token)
-                self.journal.end_job(job, str(lost), status="lost")
-                for other in set(record.groups.values()) - {wg}:
-                    self.executor.unbind(other, job, lost)
-        self._fold(ev.WorkerLost(wg=wg, at=time.monotonic()))
-        self.snap = replace(self.snap, cluster=self.snap.cluster.without_groups({wg}))
-        self._plan()
-
-    def _forget(self, job: JobId) -> None:
-        self.jobs.pop(job, None)
-        self.calls = {c: p for c, p in self.calls.items() if p.request.job != job}
-
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def state_dir(config: RuntimeConfig, session: str) -> str:
-    """Where the controller's journal and checkpoints live: ``config.state_dir``, else a
-    directory of this session's own under the system's temporary directory."""
-    return config.state_dir or str(Path(tempfile.gettempdir()) / f"plexrl-state-{session}")
 
 
 def _cause(err: Exception) -> Exception:

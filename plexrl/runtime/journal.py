@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pickle
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,3 +232,9 @@ class Journal:
         row = self._db.execute("SELECT version, path FROM checkpoints WHERE job = ? AND role = ? "
                                "ORDER BY version DESC, at DESC LIMIT 1", (job, role)).fetchone()
         return None if row is None else Checkpoint(job, role, row[0], row[1])
+
+
+def state_dir(config, session: str) -> str:
+    """Where the controller's journal and checkpoints live: ``config.state_dir``, else a
+    directory of this session's own under the system's temporary directory."""
+    return config.state_dir or str(Path(tempfile.gettempdir()) / f"plexrl-state-{session}")
