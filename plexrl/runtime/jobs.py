@@ -10,10 +10,11 @@ ModelSpec), ``check_request`` (a malformed call's named error), and the records
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass, field
 
 from plexrl.core.jobs import JobSpec, ModelDecl
-from plexrl.errors import CallError, ConfigError
+from plexrl.errors import AuthError, CallError, ConfigError, OrderError
 from plexrl.protocol import (COPY_OF, CallId, CallRequest, Copy, Function, JobRequest, ModelSpec,
                              Role, WorkerGroupId)
 
@@ -177,3 +178,25 @@ class JobRecord:
         seq = self.copy_seq.get(key, 0)
         self.copy_seq[key] = seq + 1
         return seq
+
+
+def hosted_job(jobs: dict, wg: str, request: CallRequest):
+    """A service's record of the call's job, if the call carries that job's token (the real
+    service and the simulated one check alike)."""
+    hosted = jobs.get(request.job)
+    if hosted is None or not secrets.compare_digest(hosted.token, request.token):
+        raise AuthError(f"worker group {wg}: job {request.job} is unknown here or the token is "
+                        "not this job's; calls must carry their job's ticket", job=request.job)
+    return hosted
+
+
+def take_turn(hosted, order: CallOrder) -> None:
+    """The call is the next on its model copy (``hosted.next_seq``), which moves on."""
+    request = order.request
+    copy = (request.role, request.copy)
+    expected = hosted.next_seq.get(copy, 0)
+    if order.copy_seq != expected:
+        raise OrderError(f"job {request.job}: call {request.seq} is number {order.copy_seq} on "
+                         f"its {request.role}/{request.copy} copy, but number {expected} runs "
+                         "next", job=request.job, seq=request.seq)
+    hosted.next_seq[copy] = expected + 1

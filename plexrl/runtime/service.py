@@ -14,7 +14,6 @@ Must not know: the Snapshot, policies, other worker groups, why a call or a move
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,11 +23,11 @@ import psutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from plexrl.errors import AuthError, CallError, OrderError, PlexError
+from plexrl.errors import CallError, PlexError
 from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role, State,
                              StateKey, Tier)
 from plexrl.runtime.engine import Engine
-from plexrl.runtime.jobs import CallOrder, copies_of
+from plexrl.runtime.jobs import CallOrder, copies_of, hosted_job, take_turn
 from plexrl.runtime.device import DeviceMemory
 from plexrl.runtime.disk import DiskStore
 from plexrl.runtime.host import HostStore
@@ -210,24 +209,12 @@ class Service:
 
     def check_token(self, request: CallRequest) -> HostedJob:
         """The call's job, if the call carries that job's token."""
-        hosted = self.jobs.get(request.job)
-        if hosted is None or not secrets.compare_digest(hosted.token, request.token):
-            raise AuthError(f"worker group {self.wg}: job {request.job} is unknown here or the "
-                            "token is not this job's; calls must carry their job's ticket",
-                            job=request.job)
-        return hosted
+        return hosted_job(self.jobs, self.wg, request)
 
     def _authorised(self, order: CallOrder) -> HostedJob:
         """The call's job, if the call carries its token and is next on its model copy."""
-        request = order.request
-        hosted = self.check_token(request)
-        copy = (request.role, request.copy)
-        expected = hosted.next_seq.get(copy, 0)
-        if order.copy_seq != expected:
-            raise OrderError(f"job {request.job}: call {request.seq} is number {order.copy_seq} "
-                             f"on its {request.role}/{request.copy} copy, but number {expected} "
-                             "runs next", job=request.job, seq=request.seq)
-        hosted.next_seq[copy] = expected + 1
+        hosted = self.check_token(order.request)
+        take_turn(hosted, order)
         return hosted
 
     def _use(self, request: CallRequest, copy: Copy, *states: State):

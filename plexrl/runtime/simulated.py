@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 import time
 import zlib
@@ -22,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plexrl.errors import AuthError, CallError, OrderError
+from plexrl.errors import CallError
 from plexrl.protocol import Copy, Function, ModelSpec, Role, State, StateKey, Tier
-from plexrl.runtime.jobs import CallOrder, copies_of
+from plexrl.runtime.jobs import CallOrder, copies_of, hosted_job, take_turn
 
 MOVE_S = 0.0005   #: seconds a simulated transition takes
 
@@ -118,22 +117,12 @@ class SimulatedService:
 
     # -- calls --------------------------------------------------------------------------------
     def check_token(self, request) -> _Job:
-        hosted = self.jobs.get(request.job)
-        if hosted is None or not secrets.compare_digest(hosted.token, request.token):
-            raise AuthError(f"worker group {self.wg}: job {request.job} is unknown here or the "
-                            "token is not this job's", job=request.job)
-        return hosted
+        return hosted_job(self.jobs, self.wg, request)
 
     def run(self, order: CallOrder, payload) -> dict:
         request = order.request
         hosted = self.check_token(request)
-        key = (request.role, request.copy)
-        expected = hosted.next_seq.get(key, 0)
-        if order.copy_seq != expected:
-            raise OrderError(f"job {request.job}: call {request.seq} is number {order.copy_seq} "
-                             f"on its {request.role}/{request.copy} copy, but number {expected} "
-                             "runs next", job=request.job, seq=request.seq)
-        hosted.next_seq[key] = expected + 1
+        take_turn(hosted, order)
         model = hosted.models[request.role]
         time.sleep(self.call_s)
         rng = np.random.default_rng([hosted.seed, order.copy_seq,
