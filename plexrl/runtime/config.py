@@ -59,7 +59,7 @@ class RuntimeConfig:
                          "engines that sleep and answer small deterministic arrays (load tests)")
     sim_call_s: float = option(0.002, unit="s", min=0.0,
                                doc="simulated engine: seconds one call takes")
-    recent_calls: int = option(4096, unit="count", min=1,
+    recent_calls: int = option(256, unit="count", min=1,
                                doc="calls each service remembers, to answer a repeat")
     observe_host: str = option("127.0.0.1", doc="address of the metrics and dashboard server "
                                                 "(loopback unless told otherwise)")

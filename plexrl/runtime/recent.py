@@ -24,7 +24,7 @@ class Outcome:
 
 
 class CallRecords:
-    def __init__(self, limit: int = 4096):
+    def __init__(self, limit: int = 256):
         self.limit = limit
         self._done: OrderedDict[tuple[str, int], Outcome] = OrderedDict()
         self.executions: Counter = Counter()

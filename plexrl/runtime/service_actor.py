@@ -37,7 +37,7 @@ class _Rendezvous:
 
 
 class ServiceActor:
-    def __init__(self, *args, engine: str = "torch", recent_calls: int = 4096,
+    def __init__(self, *args, engine: str = "torch", recent_calls: int = 256,
                  call_s: float = 0.0):
         if engine == "simulated":
             from plexrl.runtime.simulated import SimulatedService
