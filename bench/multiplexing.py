@@ -21,6 +21,11 @@ calls) / (seconds held). Outside 40-60% the bench prints its JSON and exits 1.
 Shared mode: the same jobs (same seeds and waits) registered together; the 3 drivers warm
 up, meet at a barrier, then run the same timed steps.
 
+``--rounds R`` (default 4) splits the timed steps over R rounds of isolated-then-shared runs,
+each calibrated afresh, so a drift of the machine's speed in the course of the bench falls on
+both modes alike (later rounds register the jobs as ``<name>-r<round>``). Seconds and counts
+are summed over the rounds, mean step times averaged.
+
 Held seconds of a run = from the first timed call's start to the last timed call's end (the
 controller's call log); ``device_s_per_step_wall`` uses the drivers' wall time instead.
 Device-seconds per training step = devices x held seconds / timed training steps of all jobs
@@ -110,8 +115,9 @@ def train_step(job, plan: JobPlan, step: int, wait: bool) -> float:
     job.forward_backward({**batch, "old_logprobs": old,
                           "advantages": advantages.reshape(-1).astype(np.float32)},
                          loss="grpo", step=step).result()
-    job.optim_step(lr=1e-2, step=step).result()
+    optim = job.optim_step(lr=1e-2, step=step)    # with the sync, as plexrl.rl.grpo does
     job.sync_weights(step=step).result()
+    optim.result()
     return time.monotonic() - start
 
 
@@ -292,30 +298,76 @@ def device_budget(plans, swap: bool) -> dict:
 
 
 # -- the bench ----------------------------------------------------------------------------------
-def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, swap: bool = True,
+def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, swap: bool = True,
             logs: dict | None = None) -> dict:
-    """One runtime, one worker group of 1 device: the isolated runs (which calibrate the
-    waits), then the shared run on the same group; the report. ``logs``, if given, receives
-    the runtime's call and transition logs and its config (bench/sim_vs_runtime.py)."""
+    """One runtime, one worker group of 1 device. ``rounds`` times: the isolated runs (which
+    calibrate the waits), then the shared run on the same group, ``steps / rounds`` timed
+    steps each; the report over all rounds. Adjacent isolated and shared runs see the same
+    machine, so a drift of its speed during the bench falls on both (D175). ``logs``, if given
+    (one round only), receives the runtime's call and transition logs and its config
+    (bench/sim_vs_runtime.py)."""
     if warmup < 1 or steps < 1:
         raise ValueError("the bench needs at least one warm-up step and one timed step")
+    if rounds < 1 or steps % rounds:
+        raise ValueError(f"--steps ({steps}) must be a positive multiple of --rounds ({rounds})")
+    if logs is not None and rounds != 1:
+        raise ValueError("the call logs are exported from a single round")
     budget = device_budget(plans, swap)
-    alone, tuned = {}, []
+    runs = []
     runtime = one_group(budget["device_bytes"])
     try:
-        for plan in plans:
-            plan, alone[plan.name] = run_isolated(runtime, plan, warmup, steps)
-            tuned.append(plan)
-        shared = run_shared(runtime, tuned, warmup, steps)
+        for index in range(rounds):   # later rounds register their jobs as <name>-r<index>
+            named = [replace(p, name=f"{p.name}-r{index}") if index else p for p in plans]
+            alone, tuned = [], []
+            for plan in named:
+                plan, row = run_isolated(runtime, plan, warmup, steps // rounds)
+                alone.append(row)
+                tuned.append(plan)
+            shared = run_shared(runtime, tuned, warmup, steps // rounds)
+            shared["jobs"] = list(shared["jobs"].values())    # in the order of ``plans``
+            runs.append((tuned, alone, shared))
         if logs is not None:
             logs.update(calls=runtime.inspect("calls"), transitions=runtime.inspect("transitions"),
                         config=group_config(budget["device_bytes"]))
     finally:
         runtime.close()
-    return report(tuned, alone, shared, steps, budget)
+    tuned, alone, shared = combine(plans, runs)
+    return report(tuned, alone, shared, steps, budget, rounds)
 
 
-def report(plans, alone: dict, shared: dict, steps: int, budget: dict) -> dict:
+def combine(plans, runs: list) -> tuple[list[JobPlan], dict, dict]:
+    """The rounds as one run under the plans' own names: seconds and counts summed, mean step
+    times over all timed steps (each round times as many), each job's last calibration."""
+    names = [p.name for p in plans]
+    tuned = [replace(plan, name=name) for plan, name in zip(runs[-1][0], names)]
+    alone = {}
+    for i, name in enumerate(names):
+        rows = [run_alone[i] for _, run_alone, _ in runs]
+        alone[name] = {**total(rows), "calibration": rows[-1]["calibration"],
+                       "idle_share": 1 - (sum(r["busy_s"] for r in rows)
+                                          / sum(r["held_s"] for r in rows))}
+    shared = total([run_shared for _, _, run_shared in runs])
+    shared["jobs"] = {name: {"mean_step_s": statistics.mean(s["jobs"][i]["mean_step_s"]
+                                                            for _, _, s in runs)}
+                      for i, name in enumerate(names)}
+    return tuned, alone, shared
+
+
+def total(rows: list[dict]) -> dict:
+    """Rows of one job or mode over the rounds: seconds summed, transitions summed field by
+    field, a job's mean step time averaged (every round times the same number of steps)."""
+    out = {**{key: sum(r[key] for r in rows) for key in SUMMED},
+           "transitions": {k: sum(r["transitions"][k] for r in rows)
+                           for k in rows[0]["transitions"]}}
+    if "mean_step_s" in rows[0]:
+        out["mean_step_s"] = statistics.mean(r["mean_step_s"] for r in rows)
+    return out
+
+
+SUMMED = ("wall_s", "held_s", "busy_s", "compute_s", "queued_idle_s")
+
+
+def report(plans, alone: dict, shared: dict, steps: int, budget: dict, rounds: int = 1) -> dict:
     num_steps = steps * len(plans)
     isolated_device_s = sum(a["held_s"] for a in alone.values())   # 1 device, one at a time
     shared_device_s = 1 * shared["held_s"]
@@ -326,7 +378,7 @@ def report(plans, alone: dict, shared: dict, steps: int, budget: dict) -> dict:
     saving = 1 - shared_device_s / isolated_device_s
     max_slowdown = max(r["slowdown"] for r in shared["jobs"].values())
     return _rounded({
-        "steps_per_job": steps, "jobs": [_plan_row(p) for p in plans],
+        "steps_per_job": steps, "rounds": rounds, "jobs": [_plan_row(p) for p in plans],
         "idle_share_isolated": idle,
         "idle_share_ok": all(IDLE_SHARE_RANGE[0] <= f <= IDLE_SHARE_RANGE[1] for f in idle.values()),
         "device": budget,
@@ -363,6 +415,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per job and mode")
     parser.add_argument("--warmup", type=int, default=8, help="untimed steps (calibration)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="isolated-then-shared rounds the timed steps are split over")
     parser.add_argument("--no-swap", action="store_true",
                         help="the default 256 MiB device: all States fit, no swaps")
     parser.add_argument("--idle-share", type=float, default=None,
@@ -371,7 +425,8 @@ def main() -> int:
     plans = JOBS if args.idle_share is None else tuple(replace(p, idle_share=args.idle_share)
                                                        for p in JOBS)
     init_local(num_devices=1)
-    result = measure(plans, warmup=args.warmup, steps=args.steps, swap=not args.no_swap)
+    result = measure(plans, warmup=args.warmup, steps=args.steps, rounds=args.rounds,
+                     swap=not args.no_swap)
     print(json.dumps(result))
     if not result["idle_share_ok"]:
         print(f"FAIL: an isolated idle share is outside {IDLE_SHARE_RANGE}: "

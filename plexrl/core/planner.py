@@ -105,8 +105,9 @@ def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
     """The decisions for ``call`` once picked: prefetch behind the running call, else
     dispatch it when its States are resident and its workspace fits, else make room."""
     keys = needed_keys(snap, call)
-    if running is not None:
-        return make_resident(snap, wg, keys, 0, protect=_in_use(snap, running),
+    if running is not None:   # and room for its workspace, beyond what the running call frees
+        spare = max(0, call.workspace_bytes - running.workspace_bytes)
+        return make_resident(snap, wg, keys, spare, protect=_in_use(snap, running),
                              reason="prefetch")
     if all(is_resident(snap.states[k]) for k in keys) and device_free(snap, wg) >= call.workspace_bytes:
         return [Dispatch(call=call.call, wg=wg, uses=keys)]

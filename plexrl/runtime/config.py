@@ -61,6 +61,9 @@ class RuntimeConfig:
                                doc="simulated engine: seconds one call takes")
     recent_calls: int = option(256, unit="count", min=1,
                                doc="calls each service remembers, to answer a repeat")
+    call_log_limit: int = option(50_000, unit="count", min=1,
+                                 doc="finished calls the controller keeps for inspect('calls'), "
+                                 "metrics and the dashboard; older ones are dropped")
     observe_host: str = option("127.0.0.1", doc="address of the metrics and dashboard server "
                                                 "(loopback unless told otherwise)")
     observe_port: int = option(0, unit="count", min=0, max=65535,

@@ -42,6 +42,7 @@ from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, Stat
                              Tier)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime import recovery
+from plexrl.runtime.call_log import CallLog
 from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
 from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
@@ -60,7 +61,7 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
         self.jobs: dict[JobId, JobRecord] = {}
         self.calls: dict[CallId, PendingCall] = {}
-        self.call_log: list[dict] = []
+        self.call_log = CallLog(config.call_log_limit)   #: finished calls, the newest
         self.executor: Executor | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -296,9 +297,17 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
                     job, record.request.save_interval, str(where))
                     for wg in set(record.groups.values())))
         except Exception as err:   # a service refused: nothing of the job stays behind
-            await self._end_job(job, record, err)
-            if not record.placed.done():
-                record.placed.set_exception(err)
+            failed = err
+        else:
+            failed = None
+        if self.jobs.get(job) is not record:   # ended while binding (cancel, lost service)
+            ended = CallError(f"job {job} ended while it was being placed", job=job)
+            groups = set(record.groups.values()) & set(self.executor.services)
+            await asyncio.gather(*(self.executor.unbind(wg, job, ended) for wg in groups),
+                                 return_exceptions=True)   # an unbind may have run before a bind
+            return
+        if failed is not None:
+            await self._end_job(job, record, failed)
             return
         record.renewed_at = time.monotonic()   # the lease runs from when the driver can renew
         self.journal.bind(job, record.groups)

@@ -88,8 +88,11 @@ class JobEndings:
         return err if err is not None and secrets.compare_digest(token, ticket.token) else None
 
     async def _end_job(self, job: JobId, record: JobRecord, err: Exception) -> None:
-        """Forget the job: its calls still waiting fail with ``err``; its States are released."""
+        """Forget the job: its calls still waiting fail with ``err``; its States are released;
+        a registration still waiting for its placement gets ``err``."""
         self._forget(job)
+        if not record.placed.done():
+            record.placed.set_exception(err)
         self.journal.end_job(job, f"{type(err).__name__}: {err}")
         self._fold(ev.JobEnded(job=job, at=time.monotonic(), reason=str(err)))
         await asyncio.gather(*(self.executor.unbind(wg, job, err)
@@ -114,6 +117,8 @@ class JobEndings:
                     wg=wg, job=job, last_version=last.version if last else -1,
                     checkpoint=last.path if last else "")
                 self.lost_jobs[job] = (lost, record.token)
+                if not record.placed.done():
+                    record.placed.set_exception(lost)
                 self.journal.end_job(job, str(lost), status="lost")
                 for other in set(record.groups.values()) - {wg}:
                     self.executor.unbind(other, job, lost)

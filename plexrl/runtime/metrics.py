@@ -26,6 +26,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from plexrl.core.snapshot import Snapshot
+from plexrl.runtime.call_log import read_since
 
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -63,7 +64,7 @@ class RuntimeMetrics:
                               registry=r)
         self.saving = Gauge("plexrl_saving_frac", "1 - shared / isolated device-seconds",
                             registry=r)
-        self.num_calls = 0                         #: call log entries counted so far
+        self.num_calls = 0                         #: call log records ever counted
         self.num_moves: dict[str, int] = {}        #: transition log entries counted, per group
         self._last_job: dict[str, str] = {}
 
@@ -71,9 +72,9 @@ class RuntimeMetrics:
                readings: dict) -> None:
         """Count the call log past the cursor and the new transitions; set every gauge
         (``readings``: ``observe.readings`` at the same moment)."""
-        for c in call_log[self.num_calls:]:
+        new, self.num_calls = read_since(call_log, self.num_calls)
+        for c in new:
             self._count_call(c)
-        self.num_calls = len(call_log)
         for wg, moves in new_moves.items():
             for t in moves:
                 self.moved.labels(wg, t["src"], t["dst"]).inc(t["num_bytes"])

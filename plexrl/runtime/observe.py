@@ -26,6 +26,7 @@ from plexrl.core.planner import runnable
 from plexrl.core.snapshot import CallView, Snapshot
 from plexrl.core.transitions import is_resident, needed_keys
 from plexrl.protocol import Function, State, StateKey
+from plexrl.runtime.call_log import read_since
 
 Interval = tuple[float, float]
 
@@ -147,11 +148,11 @@ class Tally:
         self.held: dict[str, list[float]] = {}   #: wg -> [first queued, last end]
 
     def update(self, call_log: list[dict]) -> None:
-        for c in call_log[self.num_calls:]:
+        new, self.num_calls = read_since(call_log, self.num_calls)
+        for c in new:
             self.jobs.setdefault(c["job"], JobTally(c["queued_s"])).add(c)
             span = self.held.setdefault(c["wg"], [c["queued_s"], c["end_s"]])
             span[0], span[1] = min(span[0], c["queued_s"]), max(span[1], c["end_s"])
-        self.num_calls = len(call_log)
 
     def slowdowns(self, running: Iterable[CallView], queued: Iterable[CallView], now: float,
                   live: set[str]) -> dict[str, dict]:

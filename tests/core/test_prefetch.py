@@ -41,3 +41,19 @@ def test_without_a_next_call_prefetch_may_evict_the_running_jobs_other_states():
     decisions = plan(running_logprobs(with_next_call=False), 1.0)
     evicted = {d.key.state for d in decisions if isinstance(d, Move) and d.key.job == "a"}
     assert evicted == {State.OPTIMIZER}, decisions
+
+
+def test_prefetch_also_makes_room_for_the_next_calls_workspace():
+    """Jobs a and c resident (360 bytes each: 20 params), b on HOST; a's LOGPROBS runs with
+    no workspace while b's older LOGPROBS waits with a 300-byte workspace. b's WEIGHTS (40)
+    fit in the 280 bytes free, its workspace does not: prefetch first evicts an OPTIMIZER
+    that a's running call does not use (a's and c's tie; the key order picks), so b's call
+    need not wait for an eviction once a's call ends (docs/design.md, D178)."""
+    snap = admitted(one_group(), trainer_job("a", 20), trainer_job("b", 20), trainer_job("c", 20),
+                    config=CoreConfig(queue_policy="fcfs"))
+    snap = with_tiers(snap, {}, job_tiers={"a": Tier.DEVICE, "b": Tier.HOST, "c": Tier.DEVICE})
+    snap = queue(snap, 1, "b", 0, Function.LOGPROBS, at=0.0, workspace_bytes=300)
+    snap = queue(snap, 2, "a", 0, Function.LOGPROBS, at=0.5)
+    decisions = plan(dispatch(snap, 2, now=0.5), 1.0)
+    moves = {(d.key.job, d.key.state, d.dst) for d in decisions if isinstance(d, Move)}
+    assert moves == {("a", State.OPTIMIZER, Tier.HOST)}, decisions

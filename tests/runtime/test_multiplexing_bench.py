@@ -10,6 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "bench" / "multiplexing.py"
 
 
@@ -24,14 +26,16 @@ def load_bench():
 def test_the_multiplexing_bench_reports_device_seconds_slowdowns_and_swaps(ray_session):
     bench = load_bench()
     plans = tuple(replace(p, prompts=p.prompts[:2], group=2, max_tokens=4) for p in bench.JOBS)
-    result = bench.measure(plans, warmup=2, steps=2)
+    result = bench.measure(plans, warmup=2, steps=2, rounds=2)   # one timed step per round
     names = [p.name for p in plans]
+    assert result["rounds"] == 2
     assert sorted(result["idle_share_isolated"]) == sorted(names)
     for mode in ("isolated", "shared"):
         assert result[mode]["num_devices"] == 1
         assert result[mode]["device_s"] > 0 and result[mode]["device_s_per_step"] > 0
-    for name in names:
+    for name in names:   # the rounds are reported under the jobs' own names
         assert result["isolated"]["jobs"][name]["mean_step_s"] > 0
+        assert 0 < result["isolated"]["jobs"][name]["busy_s"] <= result["isolated"]["jobs"][name]["held_s"]
         assert result["shared"]["jobs"][name]["slowdown"] > 0
     for row in result["jobs"]:
         assert row["reward_s"] >= 0 and row["tool_s"] >= 0
@@ -44,3 +48,9 @@ def test_the_multiplexing_bench_reports_device_seconds_slowdowns_and_swaps(ray_s
     for key in ("device_s_saving_frac", "max_slowdown", "slowdown_floor_est", "targets",
                 "meets_saving", "meets_slowdown", "idle_share_ok"):
         assert key in result
+
+
+def test_rounds_must_divide_the_timed_steps():
+    bench = load_bench()
+    with pytest.raises(ValueError, match="multiple of --rounds"):
+        bench.measure(bench.JOBS, warmup=1, steps=3, rounds=2)
