@@ -279,6 +279,7 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
 
     async def _bind(self, job: JobId, record: JobRecord) -> None:
         """Create the job's States on its services (on HOST, where the core put them)."""
+        failed = None
         try:
             for role, spec in record.request.models:
                 places = {record.groups[(role, c)] for c in copies_of(role, spec)}
@@ -298,14 +299,8 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
                     for wg in set(record.groups.values())))
         except Exception as err:   # a service refused: nothing of the job stays behind
             failed = err
-        else:
-            failed = None
-        if self.jobs.get(job) is not record:   # ended while binding (cancel, lost service)
-            ended = CallError(f"job {job} ended while it was being placed", job=job)
-            groups = set(record.groups.values()) & set(self.executor.services)
-            await asyncio.gather(*(self.executor.unbind(wg, job, ended) for wg in groups),
-                                 return_exceptions=True)   # an unbind may have run before a bind
-            return
+        if self.jobs.get(job) is not record:   # ended while binding (endings.py)
+            return await self._unbind_again(job, record)
         if failed is not None:
             await self._end_job(job, record, failed)
             return

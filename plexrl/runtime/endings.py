@@ -1,7 +1,8 @@
 """How a job ends, a mixin of the controller: leases its driver renews (and their expiry),
 ``end`` from its driver, and a worker group whose service actor died.
 
-Owns: ``shutdown`` (every job ends), ``renew``, ``_expire_leases``, ``end``, ``lost``, ``_end_job``, ``_lost``, ``_forget``.
+Owns: ``shutdown`` (every job ends), ``renew``, ``_expire_leases``, ``end``, ``lost``,
+``_end_job``, ``_unbind_again`` (an end that landed during binding), ``_lost``, ``_forget``.
 Every ending releases the job's States on its services, records the end in the journal and
 folds ``JobEnded`` (or ``WorkerLost``) into the Snapshot; other jobs go on. Uses the
 controller's ``jobs``, ``calls``, ``journal``, ``executor``, ``_fold``, ``_plan``,
@@ -98,6 +99,15 @@ class JobEndings:
         await asyncio.gather(*(self.executor.unbind(wg, job, err)
                                for wg in set(record.groups.values())), return_exceptions=True)
         self._plan()
+
+    async def _unbind_again(self, job: JobId, record: JobRecord) -> None:
+        """The job ended while its binds were in flight (a cancel, a lease, a lost service):
+        the unbind its end sent may have run before a bind on the service's other thread,
+        which then left that copy's States. Unbind once more on its live groups."""
+        ended = CallError(f"job {job} ended while it was being placed", job=job)
+        groups = set(record.groups.values()) & set(self.executor.services)
+        await asyncio.gather(*(self.executor.unbind(wg, job, ended) for wg in groups),
+                             return_exceptions=True)
 
     def _lost(self, wg, err: Exception) -> None:
         """A service died: its jobs end with ``ServiceLost``, naming their last checkpoint
