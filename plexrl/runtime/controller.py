@@ -6,7 +6,8 @@ a ``PlacementError``), admitting each job's calls in its sequence-number order w
 they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act loop, and
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
 an asyncio Ray actor, so every fold and plan happens on one thread. How jobs end (leases,
-``end``, a lost service, shutdown) is ``endings.py``, what may be read is ``inspection.py``,
+``end``, a lost service, shutdown) is ``endings.py``, the core's Moves sent to the services
+(one call per group and cycle) are ``moving.py``, what may be read is ``inspection.py``,
 submitted jobs are ``submissions.py`` (mixins of this class); it serves its metrics and
 dashboard (``endpoints.py``, on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
@@ -39,7 +40,7 @@ from plexrl.core.snapshot import Snapshot
 from plexrl.errors import (AuthError, CallError, ConfigError, OrderError, PlacementError,
                            ServiceLost)
 from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
-                             Tier)
+                             Tier, WorkerGroupId)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime import recovery
 from plexrl.runtime.call_log import CallLog
@@ -49,13 +50,14 @@ from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_reques
                                  job_spec, workspace_bytes)
 from plexrl.runtime.journal import TERMINAL, Journal, state_dir
 from plexrl.runtime.endings import JobEndings
+from plexrl.runtime.moving import StateMoves
 from plexrl.runtime.inspection import Inspection
 from plexrl.runtime.submissions import SubmittedJobs
 
 
-class Controller(SubmittedJobs, JobEndings, Inspection):
+class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
     # submissions.py: submitted jobs, their programs, tokens; endings.py: leases, end, a lost
-    # service; inspection.py: what tests, tools and the CLI may read
+    # service; moving.py: the core's Moves on the services; inspection.py: what may be read
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
@@ -252,9 +254,15 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
                 return
             if self.config.check_invariants:
                 enforce(check_decisions(self.snap, decisions, now))
+            moves: dict[WorkerGroupId, list[Move]] = {}
             for decision in decisions:
                 self.snap = assume(self.snap, decision, now)
-                self._execute(decision, now)
+                if isinstance(decision, Move):
+                    moves.setdefault(decision.wg, []).append(decision)
+                else:
+                    self._execute(decision, now)
+            for batch in moves.values():   # one service call per group and cycle
+                self._spawn(self._moves_done(batch))
 
     def _execute(self, decision, now: float) -> None:
         match decision:
@@ -274,8 +282,6 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
                                          pending.copy_seq, wg)   # before the go
                 order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq)
                 self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
-            case Move():
-                self._spawn(self._move_done(decision, now))
 
     async def _bind(self, job: JobId, record: JobRecord) -> None:
         """Create the job's States on its services (on HOST, where the core put them)."""
@@ -352,49 +358,7 @@ class Controller(SubmittedJobs, JobEndings, Inspection):
                                    view.tier, view.version)
             self._plan()
 
-    async def _move_done(self, move: Move, now: float) -> None:
-        if move.key.state == State.KV_CACHE or Tier.DROPPED in (move.src, move.dst):
-            seconds = 0.0    # the KV cache is reserved per call (workspace), not copied
-        else:
-            try:
-                seconds = (await self.executor.move(move))["seconds"]
-            except ray.exceptions.RayActorError as err:
-                self._lost(move.wg, err)
-                return
-            except Exception as err:   # the previous copy is still current (tiers.py)
-                self._move_failed(move, err)
-                return
-        self._failed_moves.pop(move.key, None)
-        self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.dst,
-                                         num_bytes=move.num_bytes, at=time.monotonic(),
-                                         duration_s=seconds))
-        view = self.snap.states.get(move.key)
-        if view is not None and move.key.state != State.KV_CACHE:
-            key = move.key
-            self.journal.state(key.job, key.role, key.copy, key.state, view.tier, view.version)
-        self._plan()
-
-    def _move_failed(self, move: Move, err: Exception) -> None:
-        """Undo the assumed move (the State stays where it was) and let the core plan it
-        again; a State whose move fails twice running ends its job with the error."""
-        if move.key not in self.snap.states:
-            return
-        self._fold(ev.TransitionFinished(key=move.key, src=move.src, dst=move.src, num_bytes=0,
-                                         at=time.monotonic(), duration_s=0.0))
-        self._failed_moves[move.key] = self._failed_moves.get(move.key, 0) + 1
-        record = self.jobs.get(move.key.job)
-        if self._failed_moves[move.key] >= 2 and record is not None:
-            self._failed_moves.pop(move.key)
-            self._spawn(self._end_job(move.key.job, record, _cause(err)))
-        else:
-            self._plan()
-
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _cause(err: Exception) -> Exception:
-    """The runtime's own error inside Ray's wrapper."""
-    return getattr(err, "cause", None) or err

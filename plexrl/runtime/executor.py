@@ -113,8 +113,10 @@ class Executor:
     def refuse(self, wg: WorkerGroupId, job: str, seq: int, err: Exception):
         return self.services[wg].fail.remote(job, seq, err)
 
-    def move(self, move: Move):
-        return self.services[move.wg].move.remote(move.key, move.src, move.dst, move.reason)
+    def moves(self, wg: WorkerGroupId, moves: list[Move]):
+        """One call for the moves decided together on a group: the service runs them in order
+        and answers a record or an error per move."""
+        return self.services[wg].moves.remote([(m.key, m.src, m.dst, m.reason) for m in moves])
 
     def unbind(self, wg: WorkerGroupId, job: str, err: Exception):
         return self.services[wg].unbind.remote(job, err)

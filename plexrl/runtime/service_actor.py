@@ -163,6 +163,19 @@ class ServiceActor:
     async def move(self, *args) -> dict:
         return await self._on(self._copy, self._service.move, *args)
 
+    async def moves(self, batch: list[tuple]) -> list:
+        """Moves the controller decided together, one after another on the copy thread; each
+        answers its record, or the error it raised (the others still run)."""
+        def run() -> list:
+            out = []
+            for args in batch:
+                try:
+                    out.append(self._service.move(*args))
+                except Exception as err:   # noqa: BLE001 -- answered per move
+                    out.append(err)
+            return out
+        return await self._on(self._copy, run)
+
     async def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
         return self._service.transitions(failed, start)
 
