@@ -66,7 +66,6 @@ class StateMoves:
             self._plan()
 
 
-
 def cause(err: Exception) -> Exception:
     """The runtime's own error inside Ray's wrapper."""
     return getattr(err, "cause", None) or err

@@ -160,9 +160,6 @@ class ServiceActor:
             slot.record.set_result(None)
 
     # -- transitions and records -------------------------------------------------------------
-    async def move(self, *args) -> dict:
-        return await self._on(self._copy, self._service.move, *args)
-
     async def moves(self, batch: list[tuple]) -> list:
         """Moves the controller decided together, one after another on the copy thread; each
         answers its record, or the error it raised (the others still run)."""
