@@ -9,10 +9,13 @@ Both modes run on one runtime with one worker group of 1 emulated device, whose 
 the largest call's workspace and 1.5x the largest job's States: any one job fits beside any
 call, two jobs' States never fit beside the largest, so in shared mode job switches move
 bytes and that cost is inside the measurement (``--no-swap``: the default 256 MiB device).
+The device computes on a CPU core of its own (``plexrl.runtime.cores``, D181): the drivers,
+the controller, state copies and Ray keep to the other cores, as host work does not run on
+a GPU (a machine with a single core pins nothing; ``device_cores`` in the JSON says).
 
 Isolated mode (the baseline, first): the jobs one after another, each alone on the group
 (registered after the previous one ended). A job's ``--warmup`` steps calibrate it (first
-half without waits, second half with the wait the first set): from their median step time T0
+half without waits, second half with the wait the first set): from their mean step time T0
 and the group's busy time in them, the wait is set so that the idle share of an isolated
 step is the job's target (``JOBS``).
 The idle share is then measured on the timed steps: 1 - (seconds the group runs the job's
@@ -48,6 +51,7 @@ from plexrl.core.jobs import ModelDecl, states_of
 from plexrl.core.jobs import state_bytes as core_state_bytes
 from plexrl.protocol import CallRequest, Function, JobId, Role, State
 from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
+from plexrl.runtime.cores import reserve as reserve_cores
 from plexrl.runtime.jobs import copies_of, workspace_bytes
 from plexrl.runtime.models import model_spec
 from plexrl.runtime.transport import init_local
@@ -165,10 +169,10 @@ def queued_idle_s(calls: list[dict]) -> float:
 
 def calibrate(plan: JobPlan, calls: list[dict], step_s: dict[int, float]) -> tuple[JobPlan, dict]:
     """Set the wait so that wait + gaps is ``idle_share`` of the step. From the steps in
-    ``step_s`` (wall seconds less the wait they made), medians: step T0, busy B, gaps
-    G = T0 - B; wait = (f T0 - G) / (1 - f)."""
-    t0 = statistics.median(step_s.values())
-    busy = statistics.median(busy_s([c for c in calls if c["step"] == k]) for k in step_s)
+    ``step_s`` (wall seconds less the wait they made), means (the idle share measured on the
+    timed steps is one of sums): step T0, busy B, gaps G = T0 - B; wait = (f T0 - G) / (1 - f)."""
+    t0 = statistics.mean(step_s.values())
+    busy = statistics.mean(busy_s([c for c in calls if c["step"] == k]) for k in step_s)
     f = plan.idle_share
     wait = max(0.0, (f * t0 - (t0 - busy)) / (1 - f))
     tuned = replace(plan, reward_s=wait * (1 - plan.tool_frac), tool_s=wait * plan.tool_frac)
@@ -253,14 +257,15 @@ def run_shared(runtime, plans: list[JobPlan], warmup: int, steps: int) -> dict:
             "queued_idle_s": queued_idle_s(calls), "transitions": moves(transitions, start, end)}
 
 
-def group_config(device_bytes: int) -> RuntimeConfig:
-    """One worker group of 1 emulated device of ``device_bytes``."""
-    return RuntimeConfig(device_bytes=device_bytes, worker_groups=(WorkerGroupConfig("wg0", 1),))
+def group_config(device_bytes: int, cores: tuple[int, ...] = ()) -> RuntimeConfig:
+    """One worker group of 1 emulated device of ``device_bytes``, computing on ``cores``."""
+    return RuntimeConfig(device_bytes=device_bytes, worker_groups=(WorkerGroupConfig("wg0", 1),),
+                         device_cores=cores)
 
 
-def one_group(device_bytes: int):
+def one_group(device_bytes: int, cores: tuple[int, ...] = ()):
     """A runtime of one worker group of 1 emulated device, opened through the client."""
-    return plexrl.connect(None, config=group_config(device_bytes))
+    return plexrl.connect(None, config=group_config(device_bytes, cores))
 
 
 # -- the device budget --------------------------------------------------------------------------
@@ -299,7 +304,7 @@ def device_budget(plans, swap: bool) -> dict:
 
 # -- the bench ----------------------------------------------------------------------------------
 def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, swap: bool = True,
-            logs: dict | None = None) -> dict:
+            logs: dict | None = None, cores: tuple[int, ...] = ()) -> dict:
     """One runtime, one worker group of 1 device. ``rounds`` times: the isolated runs (which
     calibrate the waits), then the shared run on the same group, ``steps / rounds`` timed
     steps each; the report over all rounds. Adjacent isolated and shared runs see the same
@@ -314,7 +319,7 @@ def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, sw
         raise ValueError("the call logs are exported from a single round")
     budget = device_budget(plans, swap)
     runs = []
-    runtime = one_group(budget["device_bytes"])
+    runtime = one_group(budget["device_bytes"], cores)
     try:
         for index in range(rounds):   # later rounds register their jobs as <name>-r<index>
             named = [replace(p, name=f"{p.name}-r{index}") if index else p for p in plans]
@@ -328,11 +333,11 @@ def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, sw
             runs.append((tuned, alone, shared))
         if logs is not None:
             logs.update(calls=runtime.inspect("calls"), transitions=runtime.inspect("transitions"),
-                        config=group_config(budget["device_bytes"]))
+                        config=group_config(budget["device_bytes"], cores))
     finally:
         runtime.close()
     tuned, alone, shared = combine(plans, runs)
-    return report(tuned, alone, shared, steps, budget, rounds)
+    return {**report(tuned, alone, shared, steps, budget, rounds), "device_cores": list(cores)}
 
 
 def combine(plans, runs: list) -> tuple[list[JobPlan], dict, dict]:
@@ -424,9 +429,10 @@ def main() -> int:
     args = parser.parse_args()
     plans = JOBS if args.idle_share is None else tuple(replace(p, idle_share=args.idle_share)
                                                        for p in JOBS)
+    cores = reserve_cores(1)   # the device's own core, as a GPU is its own (D181)
     init_local(num_devices=1)
     result = measure(plans, warmup=args.warmup, steps=args.steps, rounds=args.rounds,
-                     swap=not args.no_swap)
+                     swap=not args.no_swap, cores=cores)
     print(json.dumps(result))
     if not result["idle_share_ok"]:
         print(f"FAIL: an isolated idle share is outside {IDLE_SHARE_RANGE}: "

@@ -79,7 +79,8 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
         case d.Move(key=key, wg=wg):
             return Delta(states=(key,), groups=frozenset((wg,)))
         case d.Dispatch(wg=wg):
-            return Delta(calls_removed=(new.running[wg],), groups=frozenset((wg,)))
+            return Delta(calls_removed=(new.behind.get(wg) or new.running[wg],),
+                         groups=frozenset((wg,)))
         case d.Place(job=job, role=role, copy=copy, wg=wg, carve=None):
             was = old.jobs.get(job)
             keys = keys_of(job, new.jobs[job].spec.model(role), copy)
@@ -96,7 +97,7 @@ def diff(old: Snapshot, new: Snapshot) -> Delta:
         added = tuple(c for c in new.queued if before.get(c.call) is not c)
         removed = tuple(c for c in old.queued if after.get(c.call) is not c)
     groups: set[WorkerGroupId] = set()
-    for field in ("running", "onloading", "last_job"):
+    for field in ("running", "behind", "onloading", "last_job"):
         groups.update(changed_keys(getattr(old, field), getattr(new, field)))
     rebound = []
     for job in changed_keys(old.jobs, new.jobs):

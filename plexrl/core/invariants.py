@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from plexrl.core import ledger
 from plexrl.core.decisions import Decision, Dispatch, Move, Place
+from plexrl.core.planner import version_at_start
 from plexrl.core.snapshot import Snapshot
 from plexrl.core.transitions import is_resident, needed_keys
 from plexrl.core.usage import device_used, host_used
@@ -61,10 +62,18 @@ def check_snapshot(snap: Snapshot) -> list[Violation]:
     for node, used in host_used(snap).items():
         if used > snap.cluster.nodes[node].host_bytes + EPS_BYTES:
             out.append(Violation(Invariant.HOST_BUDGET, f"{node} holds {used:.0f} host bytes"))
-    for wg, call in snap.running.items():
+    for wg, call in (*snap.running.items(), *snap.behind.items()):
         for key in needed_keys(snap, call):
             if not is_resident(snap.states[key]):
-                out.append(Violation(Invariant.RESIDENT, f"{key} left DEVICE while call {call.call} runs"))
+                out.append(Violation(Invariant.RESIDENT, f"{key} left DEVICE while call {call.call} "
+                                     f"runs or waits to run"))
+    for wg, call in snap.behind.items():
+        if wg not in snap.running:
+            out.append(Violation(Invariant.AFFINITY, f"call {call.call} waits behind no call on {wg}"))
+        elif device_used(snap, wg) - snap.running[wg].workspace_bytes + call.workspace_bytes \
+                > snap.cluster.device_budget(wg) + EPS_BYTES:
+            out.append(Violation(Invariant.DEVICE_BUDGET, f"call {call.call} behind on {wg} would "
+                                 f"not fit when it starts"))
     return out
 
 
@@ -89,9 +98,10 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     if call is None:
         return [Violation(Invariant.ORDER, f"call {dec.call} dispatched but not queued")]
     out = []
-    if dec.wg != call.wg or dec.wg in snap.running:
+    busy = dec.wg in snap.behind or (dec.wg in snap.running and not snap.config.pipeline)
+    if dec.wg != call.wg or busy:
         out.append(Violation(Invariant.AFFINITY, f"call {call.call} of {call.job} bound to {call.wg} "
-                             f"dispatched on {dec.wg} (busy: {dec.wg in snap.running})"))
+                             f"dispatched on {dec.wg} (busy: {busy})"))
     expected = snap.jobs[call.job].next_seq[(call.role, call.copy)]
     if call.seq != expected:
         out.append(Violation(Invariant.ORDER, f"{call.job} call seq {call.seq} before seq {expected}"))
@@ -106,7 +116,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     if call.function == Function.GENERATE:
         out.extend(_check_staleness(snap, call))
     if call.function == Function.SYNC_WEIGHTS:
-        have = snap.states[StateKey(call.job, call.role, call.copy, State.WEIGHTS)].version
+        have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS))
         if call.version <= have:
             out.append(Violation(Invariant.VERSION_FORWARD, f"{call.job} SYNC_WEIGHTS installs "
                                  f"version {call.version} over version {have}"))
@@ -116,7 +126,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
 def _check_staleness(snap: Snapshot, call) -> list[Violation]:
     stale = snap.jobs[call.job].spec.staleness
     want = max(0, call.step - stale)
-    have = snap.states[StateKey(call.job, call.role, call.copy, State.WEIGHTS)].version
+    have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS))
     if call.version != want or have != want:
         return [Violation(Invariant.STALENESS, f"{call.job} GENERATE step {call.step} wants version "
                           f"{want}, call says {call.version}, rollout weights are {have}")]

@@ -43,12 +43,12 @@ def apply(snap: Snapshot, event: e.Event) -> Snapshot:
             jobs[job] = replace(jobs[job], steps_done=event.steps_done, step_s=event.step_s,
                                 progress_at=event.at)
             return replace(snap, jobs=jobs)
-        case e.JobEnded(job=job):
-            return _job_ended(snap, job)
-        case e.WorkerLost(wg=wg):
+        case e.JobEnded(job=job, at=at):
+            return _job_ended(snap, job, at)
+        case e.WorkerLost(wg=wg, at=at):
             lost = {j for j, v in snap.jobs.items() if wg in v.bindings.values()}
             for job in sorted(lost):
-                snap = _job_ended(snap, job)
+                snap = _job_ended(snap, job, at)
             return snap
     raise TypeError(f"not an event: {event!r}")
 
@@ -72,13 +72,16 @@ def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
             next_seq[(call.role, call.copy)] = call.seq + 1
             jobs = dict(snap.jobs)
             jobs[call.job] = replace(job, next_seq=next_seq)
-            running = dict(snap.running)
-            running[wg] = replace(call, started_at=now)
+            running, behind = dict(snap.running), snap.behind
+            if wg in running:   # pipelined: it starts when the running call ends
+                behind = {**behind, wg: call}
+            else:
+                running[wg] = replace(call, started_at=now)
             last = dict(snap.last_job)
             last[wg] = call.job
             onloading = {w: c for w, c in snap.onloading.items() if w != wg}
-            return replace(snap, queued=snap.queued[:at] + snap.queued[at + 1:],
-                           running=running, jobs=jobs, last_job=last, onloading=onloading)
+            return replace(snap, queued=snap.queued[:at] + snap.queued[at + 1:], running=running,
+                           behind=behind, jobs=jobs, last_job=last, onloading=onloading)
         case d.Move(key=key, dst=dst, for_call=for_call, wg=wg):
             states = dict(snap.states)
             states[key] = replace(states[key], moving_to=dst)
@@ -110,8 +113,7 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
     call = snap.running.get(ev.wg)
     if call is None or call.call != ev.call:
         raise KeyError(f"call {ev.call} is not running on {ev.wg}")
-    running = dict(snap.running)
-    del running[ev.wg]
+    running = {w: c for w, c in snap.running.items() if w != ev.wg}
     states = snap.states
     if call.function in (Function.OPTIM_STEP, Function.LOAD, Function.SYNC_WEIGHTS):
         # a step or a restored checkpoint makes a new trainer version; a sync installs one
@@ -124,7 +126,20 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
         states[key] = replace(states[key], version=new_version)
     est = snap.estimates.observe_service(call.job, call.function, ev.duration_s,
                                          snap.config.ema_alpha)
-    return replace(snap, running=running, states=states, estimates=est)
+    running, behind = _promoted(snap, running, ev.at)
+    return replace(snap, running=running, behind=behind, states=states, estimates=est)
+
+
+def _promoted(snap: Snapshot, running: dict, at: float) -> tuple[dict, dict]:
+    """``running`` with each call behind a group that no longer runs one started at ``at``,
+    and what stays behind."""
+    behind = {}
+    for wg, call in snap.behind.items():
+        if wg in running:
+            behind[wg] = call
+        else:
+            running[wg] = replace(call, started_at=at)
+    return running, behind
 
 
 def _transition_finished(snap: Snapshot, ev: e.TransitionFinished) -> Snapshot:
@@ -143,8 +158,9 @@ def _transition_finished(snap: Snapshot, ev: e.TransitionFinished) -> Snapshot:
     return replace(snap, states=states, estimates=est)
 
 
-def _job_ended(snap: Snapshot, job) -> Snapshot:
-    """Forget a job and release the groups cut for it that no other job is bound to.
+def _job_ended(snap: Snapshot, job, at: float) -> Snapshot:
+    """Forget a job and release the groups cut for it that no other job is bound to; a call
+    behind one of its calls starts at ``at``.
 
     Idempotent: ending an unknown or already ended job changes nothing.
     """
@@ -153,7 +169,9 @@ def _job_ended(snap: Snapshot, job) -> Snapshot:
     jobs = {j: v for j, v in snap.jobs.items() if j != job}
     states = {k: v for k, v in snap.states.items() if k.job != job}
     queued = tuple(c for c in snap.queued if c.job != job)
+    snap = replace(snap, behind={w: c for w, c in snap.behind.items() if c.job != job})
     running = {w: c for w, c in snap.running.items() if c.job != job}
+    running, behind = _promoted(snap, running, at)
     pending = tuple(s for s in snap.pending if s.job != job)
     cluster, last_job, onloading = snap.cluster, snap.last_job, snap.onloading
     ended = snap.jobs.get(job)
@@ -166,7 +184,7 @@ def _job_ended(snap: Snapshot, job) -> Snapshot:
             last_job = {w: j for w, j in last_job.items() if w not in freed}
             onloading = {w: c for w, c in onloading.items() if w not in freed}
     return replace(snap, cluster=cluster, jobs=jobs, states=states, queued=queued, running=running,
-                   pending=pending, last_job=last_job, onloading=onloading)
+                   behind=behind, pending=pending, last_job=last_job, onloading=onloading)
 
 
 def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:

@@ -58,15 +58,29 @@ def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
 
 def _version_ready(snap: Snapshot, call: CallView) -> bool:
     key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
-    return snap.states[key].version == call.version
+    return version_at_start(snap, call, key) == call.version
 
 
 def _version_newer(snap: Snapshot, call: CallView) -> bool:
     """A sync installs a version newer than the rollout copy's, once the trainer has it."""
     key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
-    trainer = snap.states.get(StateKey(call.job, call.role, Copy.TRAINER, State.WEIGHTS))
-    return call.version > snap.states[key].version and (trainer is None
-                                                        or trainer.version >= call.version)
+    trainer = StateKey(call.job, call.role, Copy.TRAINER, State.WEIGHTS)
+    return call.version > version_at_start(snap, call, key) and (
+        trainer not in snap.states or version_at_start(snap, call, trainer) >= call.version)
+
+
+def version_at_start(snap: Snapshot, call: CallView, key: StateKey) -> int:
+    """The version of the WEIGHTS ``key`` when ``call`` would start: with ``pipeline``, after
+    the call running on its group, if that one makes a version of ``key`` (an OPTIM_STEP on
+    the trainer, a SYNC_WEIGHTS on the copy); a call sent behind it runs after it there."""
+    version = snap.states[key].version
+    running = snap.running.get(call.wg)
+    if not snap.config.pipeline or running is None \
+            or StateKey(running.job, running.role, running.copy, State.WEIGHTS) != key:
+        return version
+    if running.function == Function.OPTIM_STEP:
+        return version + 1
+    return running.version if running.function == Function.SYNC_WEIGHTS else version
 
 
 def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]:
@@ -75,7 +89,8 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
     other call it could pick would act, else until the queue policy could pick one."""
     calls = runnable(snap, wg)
     running = snap.running.get(wg)
-    if not calls or (running is not None and not snap.config.prefetch):
+    if not calls or wg in snap.behind or (running is not None and not (snap.config.prefetch
+                                                                       or snap.config.pipeline)):
         snap.quiet_groups.record(wg, *ALWAYS)
         return []
     committed = next((c for c in calls if c.call == snap.onloading.get(wg)), None)
@@ -102,14 +117,20 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
 
 def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
             running: CallView | None) -> list[Decision]:
-    """The decisions for ``call`` once picked: prefetch behind the running call, else
-    dispatch it when its States are resident and its workspace fits, else make room."""
+    """The decisions for ``call`` once picked. Behind a running call: dispatch it behind
+    that call when it could start as that call ends (``pipeline``), else prefetch. On an idle
+    group: dispatch it when its States are resident and its workspace fits, else make room."""
     keys = needed_keys(snap, call)
-    if running is not None:   # and room for its workspace, beyond what the running call frees
+    resident = all(is_resident(snap.states[k]) for k in keys)
+    if running is not None:   # the running call's workspace is free once it ends
         spare = max(0, call.workspace_bytes - running.workspace_bytes)
+        if snap.config.pipeline and resident and device_free(snap, wg) >= spare:
+            return [Dispatch(call=call.call, wg=wg, uses=keys)]
+        if not snap.config.prefetch:
+            return []
         return make_resident(snap, wg, keys, spare, protect=_in_use(snap, running),
                              reason="prefetch")
-    if all(is_resident(snap.states[k]) for k in keys) and device_free(snap, wg) >= call.workspace_bytes:
+    if resident and device_free(snap, wg) >= call.workspace_bytes:
         return [Dispatch(call=call.call, wg=wg, uses=keys)]
     return make_resident(snap, wg, keys, call.workspace_bytes, protect=(), reason="onload",
                          for_call=call.call)

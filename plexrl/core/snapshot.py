@@ -76,6 +76,7 @@ class CoreConfig:
 
     queue_policy: str = "hrrs"   #: "fcfs", "round-robin" or "hrrs"
     prefetch: bool = True        #: onload the next call's States while the current one runs
+    pipeline: bool = False       #: dispatch the next call behind the running one (D180)
     max_wait_s: float = 600.0    #: hrrs: a call waiting longer than this is served first (FCFS)
     ema_alpha: float = 0.3       #: weight of a new observation in learned costs
     placement: str = "spread"    #: "spread" (fewest co-tenants, new pools first) or "pack"
@@ -92,6 +93,7 @@ class Snapshot:
     states: dict[StateKey, StateView] = field(default_factory=dict)
     queued: tuple[CallView, ...] = ()            #: in arrival order
     running: dict[WorkerGroupId, CallView] = field(default_factory=dict)
+    behind: dict[WorkerGroupId, CallView] = field(default_factory=dict)  #: runs when running ends
     last_job: dict[WorkerGroupId, JobId] = field(default_factory=dict)  #: last dispatched, per group
     onloading: dict[WorkerGroupId, CallId] = field(default_factory=dict)  #: call States are moving for
     estimates: Estimates = field(default_factory=Estimates)

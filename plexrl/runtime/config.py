@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from plexrl.config import option
 from plexrl.core.cluster import ClusterSpec, DeviceSpec, Direction, NodeSpec, WorkerGroupSpec
 from plexrl.core.snapshot import CoreConfig
+from plexrl.errors import ConfigError
 from plexrl.protocol import NodeId, WorkerGroupId
 
 
@@ -34,10 +35,15 @@ class RuntimeConfig:
     worker_groups: tuple[WorkerGroupConfig, ...] = option(
         (WorkerGroupConfig("wg0", 1),), doc="worker groups, each on one node")
     threads: int = option(1, unit="count", min=1, doc="torch threads of each service actor")
+    device_cores: tuple[int, ...] = option(
+        (), unit="count", min=0, doc="emulated devices: the CPU cores services compute on, `threads` per worker "
+        "group in order, kept for them by plexrl.runtime.cores.reserve; empty: not pinned")
     group_spread: str = option("spread", choices=("spread", "strict-spread", "pack"),
                                doc="how worker groups spread over the Ray cluster's nodes")
     queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
     prefetch: bool = option(True, doc="onload the next call's states while one runs")
+    pipeline: bool = option(True, doc="send a service its next call while one runs, once the "
+                            "next one's states are resident, so it starts without a round trip")
     host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
     disk_bytes: int = option(64 << 30, unit="bytes", min=0,
                              doc="disk for spilled states, per node (the core plans against it)")
@@ -73,8 +79,20 @@ class RuntimeConfig:
     def num_devices(self) -> int:
         return sum(g.num_devices for g in self.worker_groups)
 
+    def __post_init__(self):
+        if self.device_cores and len(self.device_cores) != self.threads * len(self.worker_groups):
+            raise ConfigError(f"{len(self.device_cores)} device cores for "
+                              f"{len(self.worker_groups)} worker groups of {self.threads} threads",
+                              field="device_cores", value=self.device_cores,
+                              fix="give `threads` cores per worker group, or none")
+
+    def cores_of(self, index: int) -> tuple[int, ...]:
+        """The cores the ``index``-th worker group's service computes on (``()``: any)."""
+        return self.device_cores[index * self.threads:(index + 1) * self.threads]
+
     def core_config(self) -> CoreConfig:
-        return CoreConfig(queue_policy=self.queue_policy, prefetch=self.prefetch, backfill=False)
+        return CoreConfig(queue_policy=self.queue_policy, prefetch=self.prefetch,
+                          pipeline=self.pipeline, backfill=False)
 
 
 EMULATED = DeviceSpec(name="emulated", memory_bytes=0, usable_frac=1.0, peak_flops=1e11,

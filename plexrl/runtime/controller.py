@@ -67,6 +67,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
         self.executor: Executor | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
+        self._last_sent: dict[WorkerGroupId, asyncio.Future] = {}   #: per group, its ``folded``
         self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
         self._service_init()   # submissions.py
         self.journal: Journal | None = None
@@ -278,9 +279,16 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
             case Dispatch(call=call, wg=wg):
                 pending = self.calls[call]
                 pending.wg, pending.started_at = wg, now
+                after = None
+                if wg in self.snap.behind:   # it runs, and its finish is folded, after that call
+                    ahead = self.calls[self.snap.running[wg].call].request
+                    after, pending.after = (ahead.job, ahead.seq), self._last_sent.get(wg)
+                pending.folded = asyncio.get_running_loop().create_future()
+                self._last_sent[wg] = pending.folded
                 self.journal.dispatching(pending.request.job, pending.request.seq, call,
                                          pending.copy_seq, wg)   # before the go
-                order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq)
+                order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq,
+                                  after)
                 self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
 
     async def _bind(self, job: JobId, record: JobRecord) -> None:
@@ -328,12 +336,24 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
                 if StateKey(job, role, copy, s) in self.snap.states}
 
     async def _call_done(self, pending: PendingCall, done) -> None:
+        end = time.monotonic()
+        try:
+            end = await self._finished(pending, done)
+        finally:
+            if not pending.folded.done():
+                pending.folded.set_result(end)
+
+    async def _finished(self, pending: PendingCall, done) -> float:
+        """Fold a call's finish, after the call it was sent behind (its start is that one's
+        end); returns its end."""
         request = pending.request
         try:
             done = await done
         except ray.exceptions.RayActorError as err:
             self._lost(pending.wg, err)
-            return
+            return time.monotonic()
+        if pending.after is not None:
+            pending.started_at = max(pending.started_at, await pending.after)
         end = time.monotonic()
         self.calls.pop(pending.call, None)
         self.journal.finish(request.job, request.seq, "failed" if done["failed"] else "done",
@@ -347,7 +367,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
                               "queued_s": pending.queued_at, "start_s": pending.started_at,
                               "end_s": end, "duration_s": done["duration_s"],
                               "workspace_bytes": pending.workspace_bytes,
-                              "failed": done["failed"]})
+                              "behind": pending.after is not None, "failed": done["failed"]})
         if request.job in self.snap.jobs:
             self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
                                        duration_s=done["duration_s"]))
@@ -357,6 +377,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
                 self.journal.state(request.job, request.role, request.copy, State.WEIGHTS,
                                    view.tier, view.version)
             self._plan()
+        return end
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -80,7 +80,7 @@ class Executor:
                      str(host_root / nodes[wg] / group.name), config.threads, config.skip_onload,
                      str(spill_root / nodes[wg] / group.name), config.fail_at,
                      engine=config.engine, recent_calls=config.recent_calls,
-                     call_s=config.sim_call_s)
+                     call_s=config.sim_call_s, cores=config.cores_of(index))
         await asyncio.gather(*(s.ready.remote() for s in services.values()))
         return cls(services, nodes, pg, host_root, spill_root)
 

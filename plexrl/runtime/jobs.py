@@ -92,6 +92,7 @@ class CallOrder:
     call: CallId
     workspace_bytes: int         #: device bytes reserved while it runs
     copy_seq: int = 0            #: its place among its job's calls on its model copy, from 0
+    after: tuple[str, int] | None = None   #: (job, seq) of the call it was sent behind
 
 
 @dataclass
@@ -106,6 +107,9 @@ class PendingCall:
     copy_seq: int = 0
     queued_at: float = 0.0
     started_at: float = 0.0
+    #: resolves to the end time once its finish is folded (or it is given up)
+    folded: asyncio.Future | None = None
+    after: asyncio.Future | None = None      #: the ``folded`` of the call it was sent behind
 
 
 @dataclass

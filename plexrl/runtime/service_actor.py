@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from plexrl.protocol import Function
+from plexrl.runtime.cores import pin_thread
 from plexrl.runtime.recent import CallRecords, Outcome
 
 
@@ -32,24 +33,28 @@ class _Rendezvous:
         self.payload: asyncio.Future = loop.create_future()   #: set when the job's call arrives
         self.result: asyncio.Future = loop.create_future()    #: set when it ran (or failed)
         self.record: asyncio.Future = loop.create_future()    #: what ``go`` answers, once ran
+        #: set once it is handed to the compute thread, or once it never will be
+        self.handed: asyncio.Future = loop.create_future()
         self.started = False                                  #: a go is running it
         self.waiters = 0                                      #: ``run`` calls awaiting it
 
 
 class ServiceActor:
     def __init__(self, *args, engine: str = "torch", recent_calls: int = 256,
-                 call_s: float = 0.0):
+                 call_s: float = 0.0, cores: tuple[int, ...] = ()):
         if engine == "simulated":
             from plexrl.runtime.simulated import SimulatedService
             self._service = SimulatedService(*args, call_s=call_s)
         else:
             from plexrl.runtime.service import Service
             self._service = Service(*args)
-        self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute")
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute",
+                                           initializer=pin_thread, initargs=(cores,))
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="copy")
         self._calls: dict[tuple[str, int], _Rendezvous] = {}
         self.records = CallRecords(recent_calls)
         self._checkpoints: dict[str, tuple[int, str]] = {}   #: job -> (every N versions, dir)
+        self._bound: set[str] = set()                         #: jobs with States here
 
     async def ping(self) -> bool:
         """Alive (answers at once, whatever runs)."""
@@ -58,14 +63,18 @@ class ServiceActor:
     async def ready(self) -> dict:
         return await self._on(self._compute, self._service.ready)
 
-    async def bind(self, *args) -> None:
-        return await self._on(self._compute, self._service.bind, *args)
+    async def bind(self, job: str, *args) -> None:
+        await self._on(self._compute, self._service.bind, job, *args)
+        self._bound.add(job)
 
     async def unbind(self, job: str, err: Exception) -> None:
         """Forget a job: its calls still waiting here fail with ``err``."""
+        self._bound.discard(job)
         for (owner, _), slot in list(self._calls.items()):
             if owner == job and not slot.result.done():
                 slot.result.set_exception(err)
+            if owner == job:
+                _resolve(slot.handed)
         await self._on(self._compute, self._service.unbind, job)
         self.records.forget(job)
         self._checkpoints.pop(job, None)
@@ -102,15 +111,23 @@ class ServiceActor:
             return await asyncio.shield(slot.record)
         slot.started = True
         payload = await slot.payload
-        start = time.perf_counter()
+        if order.after is not None:   # sent behind that call: it goes to the compute thread first
+            await self._handed(*order.after)
         self.records.executed(request.job, request.seq)
+        began = []   # when the compute thread takes it up (a call sent behind another waits)
+
+        def run():
+            began.append(time.perf_counter())
+            return self._run(order, payload)
+        running = asyncio.get_running_loop().run_in_executor(self._compute, run)
+        _resolve(slot.handed)   # in line on the compute thread, which runs calls in turn
         try:
-            result, saved = await self._on(self._compute, self._run, order, payload)
+            result, saved = await running
         except Exception as err:   # the job reads it from its result; the controller goes on
-            record = {"duration_s": time.perf_counter() - start, "failed": type(err).__name__}
+            record = {"duration_s": _since(began), "failed": type(err).__name__}
             self._settle(slot, request, Outcome(error=err, record=record))
             return record
-        record = {"duration_s": time.perf_counter() - start, "failed": "", "saved": saved}
+        record = {"duration_s": _since(began), "failed": "", "saved": saved}
         self._settle(slot, request, Outcome(result=result, record=record))
         return record
 
@@ -132,7 +149,14 @@ class ServiceActor:
                 saved = {"role": str(request.role), "path": path, "version": version}
         return result, saved
 
+    async def _handed(self, job: str, seq: int) -> None:
+        """Until call ``seq`` of ``job`` is in line on the compute thread (at once if it ran,
+        or if its job is gone from here)."""
+        if job in self._bound and self.records.get(job, seq) is None:
+            await asyncio.shield(self._slot(job, seq).handed)
+
     def _settle(self, slot: _Rendezvous, request, outcome: Outcome) -> None:
+        _resolve(slot.handed)
         self.records.finished(request, outcome)
         if not slot.result.done():
             if outcome.error is not None:
@@ -158,6 +182,7 @@ class ServiceActor:
             slot.result.exception()   # read: a refusal nobody waits for is not an error
         if not slot.record.done():
             slot.record.set_result(None)
+        _resolve(slot.handed)
 
     # -- transitions and records -------------------------------------------------------------
     async def moves(self, batch: list[tuple]) -> list:
@@ -218,3 +243,13 @@ def _answer(outcome: Outcome):
     if outcome.error is not None:
         raise outcome.error
     return outcome.result
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _since(began: list) -> float:
+    now = time.perf_counter()
+    return now - began[0] if began else 0.0

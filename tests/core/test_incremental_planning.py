@@ -119,7 +119,8 @@ def checking():
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_incremental_plans_equal_full_replans_on_random_event_sequences(policy, data):
-    config = CoreConfig(queue_policy=policy, prefetch=data.draw(st.booleans()),
+    mode = data.draw(st.sampled_from(list(props.MODES.values())))
+    config = CoreConfig(queue_policy=policy, **mode,
                         max_wait_s=data.draw(st.sampled_from([5.0, 600.0])))
     ch = props.DataChooser(data)
     with checking():

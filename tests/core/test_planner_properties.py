@@ -214,6 +214,7 @@ class FakeDriver:
         self.programs = programs
         self.now = 0.0
         self.running: dict[str, tuple[int, float]] = {}        # wg -> (call, started at)
+        self.behind: dict[str, int] = {}                        # wg -> call sent behind (pipeline)
         self.moving: dict[StateKey, tuple[Move, float]] = {}    # key -> (move, started at)
         self.next_call = 0
         self.log: list[tuple] = []
@@ -245,7 +246,9 @@ class FakeDriver:
         else:
             pytest.fail(f"the planner kept deciding at t={self.now} without any event")
         assert check_snapshot(self.snap) == []
-        assert set(self.running) == set(self.snap.running)
+        assert {w: c for w, (c, _) in self.running.items()} == \
+            {w: v.call for w, v in self.snap.running.items()}
+        assert self.behind == {w: v.call for w, v in self.snap.behind.items()}
         self.check_progress()
 
     def check_progress(self) -> None:
@@ -263,7 +266,12 @@ class FakeDriver:
 
     def execute(self, decision) -> None:
         assert not isinstance(decision, Reject), decision.reason     # every job was made to fit
-        if isinstance(decision, Dispatch):
+        if isinstance(decision, Dispatch) and decision.wg in self.running:
+            assert decision.wg not in self.behind
+            self.behind[decision.wg] = decision.call
+            self.stats[f"dispatch:{self.snap.behind[decision.wg].function}"] += 1
+            self.stats["dispatch-behind"] += 1
+        elif isinstance(decision, Dispatch):
             self.running[decision.wg] = (decision.call, self.now)
             self.stats[f"dispatch:{self.snap.running[decision.wg].function}"] += 1
         elif isinstance(decision, Move):
@@ -292,6 +300,7 @@ class FakeDriver:
         elif kind == "finish-call":
             wg = ch.choice(sorted(self.running))
             call, started = self.running.pop(wg)
+            self.promote(wg)
             self.event(ev.CallFinished(call=call, wg=wg, at=self.now,
                                        duration_s=self.now - started))
         elif kind == "finish-move":
@@ -299,14 +308,16 @@ class FakeDriver:
             self.event(ev.TransitionFinished(move.key, move.src, move.dst, move.num_bytes,
                                              at=self.now, duration_s=self.now - started))
         elif kind == "finish-all":   # simultaneous events, one plan (as the simulator does)
-            for wg, (call, started) in sorted(self.running.items()):
+            finished = sorted(self.running.items())
+            self.running.clear()
+            for wg, (call, started) in finished:
+                self.promote(wg)
                 self.event(ev.CallFinished(call=call, wg=wg, at=self.now,
                                            duration_s=self.now - started), settle=False)
             for move, started in [self.moving[k] for k in sorted(self.moving)]:
                 self.event(ev.TransitionFinished(move.key, move.src, move.dst, move.num_bytes,
                                                  at=self.now, duration_s=self.now - started),
                            settle=False)
-            self.running.clear()
             self.moving.clear()
             self.settle()
         elif kind == "advance":
@@ -336,13 +347,22 @@ class FakeDriver:
 
     def forget(self, jobs: set[str]) -> None:
         """A job is gone: its running calls and transitions will never report back."""
+        for wg, call in list(self.snap.behind.items()):
+            if call.job in jobs:
+                del self.behind[wg]
         for wg, call in list(self.snap.running.items()):
             if call.job in jobs:
                 del self.running[wg]
+                self.promote(wg)
         for k in [k for k in self.moving if k.job in jobs]:
             del self.moving[k]
         for job in jobs:
             del self.programs[job]
+
+    def promote(self, wg: str) -> None:
+        """The call sent behind the one that ended on ``wg`` starts now."""
+        if wg in self.behind:
+            self.running[wg] = (self.behind.pop(wg), self.now)
 
     def start(self) -> None:
         for job in sorted(self.programs):
@@ -373,12 +393,16 @@ def replay(cluster: ClusterSpec, config: CoreConfig, log: list[tuple]) -> None:
 
 # ------------------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+MODES = {"prefetch": dict(prefetch=True), "no-prefetch": dict(prefetch=False),
+         "pipeline": dict(prefetch=True, pipeline=True)}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_random_event_sequences_keep_every_invariant_and_progress(policy, prefetch, data):
-    config = CoreConfig(queue_policy=policy, prefetch=prefetch, max_wait_s=600.0)
+def test_random_event_sequences_keep_every_invariant_and_progress(policy, mode, data):
+    config = CoreConfig(queue_policy=policy, max_wait_s=600.0, **MODES[mode])
     ch = DataChooser(data)
     driver = drive(ch, config, num_actions=ch.integer(1, 120))
     replay(driver.snap.cluster, config, driver.log)
@@ -387,11 +411,13 @@ def test_random_event_sequences_keep_every_invariant_and_progress(policy, prefet
     event(f"dispatches: {min(4, sum(v for k, v in driver.stats.items() if k[:8] == 'dispatch'))}+")
 
 
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_seeded_runs_exercise_every_transition_and_function(policy, prefetch):
-    """The random worlds are not vacuous: evictions, spills, restores and every call happen."""
-    config = CoreConfig(queue_policy=policy, prefetch=prefetch)
+def test_seeded_runs_exercise_every_transition_and_function(policy, mode):
+    """The random worlds are not vacuous: evictions, spills, restores and every call happen
+    (with ``pipeline``, calls are sent behind running ones too)."""
+    config = CoreConfig(queue_policy=policy, **MODES[mode])
+    prefetch = config.prefetch
     seen: Counter = Counter()
     for seed in range(12):
         seen += drive(Chooser(seed), config, num_actions=150).stats
@@ -400,6 +426,7 @@ def test_seeded_runs_exercise_every_transition_and_function(policy, prefetch):
                  "dispatch:logprobs", "dispatch:forward_backward", "dispatch:optim_step"):
         assert seen[what] > 0, (what, seen)
     assert seen["move:prefetch:device"] > 0 if prefetch else seen["move:prefetch:device"] == 0
+    assert seen["dispatch-behind"] > 0 if config.pipeline else seen["dispatch-behind"] == 0
 
 
 def _decisions_digest(seed: int, policy: str) -> str:
