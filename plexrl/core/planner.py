@@ -95,7 +95,7 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
         return []
     committed = next((c for c in calls if c.call == snap.onloading.get(wg)), None)
     if committed is not None:   # States are moving for it: it goes next, whatever the time
-        decisions = _act_on(snap, wg, committed, running)
+        decisions = _act_on(snap, wg, committed, running, now)
         if not decisions:
             snap.quiet_groups.record(wg, *ALWAYS)
         return decisions
@@ -104,27 +104,31 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
                             priority_weight(snap.jobs[c.job].spec.priority))
                   for c in calls]
     picked = queue.pick(candidates, snap.last_job.get(wg), snap.config.max_wait_s)
-    decisions = _act_on(snap, wg, picked.call, running)
+    decisions = _act_on(snap, wg, picked.call, running, now)
     if decisions:
         return decisions
-    rivals = [c for c in candidates if c is not picked and _act_on(snap, wg, c.call, running)]
+    rivals = [c for c in candidates if c is not picked and _act_on(snap, wg, c.call, running, now)]
     until = queue.stable_until(candidates, picked, rivals, snap.last_job.get(wg), now,
                                snap.config.max_wait_s)
+    if running is not None and snap.config.pipeline and _send_behind_at(snap, running) > now:
+        until = min(until, _send_behind_at(snap, running))
     if until > now:
         snap.quiet_groups.record(wg, now if rivals else -math.inf, until)
     return []
 
 
 def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
-            running: CallView | None) -> list[Decision]:
+            running: CallView | None, now: float) -> list[Decision]:
     """The decisions for ``call`` once picked. Behind a running call: dispatch it behind
-    that call when it could start as that call ends (``pipeline``), else prefetch. On an idle
-    group: dispatch it when its States are resident and its workspace fits, else make room."""
+    that call when it could start as that call ends and that end is near (``pipeline``),
+    else prefetch. On an idle group: dispatch it when its States are resident and its
+    workspace fits, else make room."""
     keys = needed_keys(snap, call)
     resident = all(is_resident(snap.states[k]) for k in keys)
     if running is not None:   # the running call's workspace is free once it ends
         spare = max(0, call.workspace_bytes - running.workspace_bytes)
-        if snap.config.pipeline and resident and device_free(snap, wg) >= spare:
+        if snap.config.pipeline and resident and device_free(snap, wg) >= spare \
+                and now >= _send_behind_at(snap, running):
             return [Dispatch(call=call.call, wg=wg, uses=keys)]
         if not snap.config.prefetch:
             return []
@@ -134,6 +138,13 @@ def _act_on(snap: Snapshot, wg: WorkerGroupId, call: CallView,
         return [Dispatch(call=call.call, wg=wg, uses=keys)]
     return make_resident(snap, wg, keys, call.workspace_bytes, protect=(), reason="onload",
                          for_call=call.call)
+
+
+def _send_behind_at(snap: Snapshot, running: CallView) -> float:
+    """When a call may be sent behind ``running``: ``pipeline_lead_s`` before its expected
+    end. Not earlier, so that the pick behind it is made as late as the round trip allows
+    (a call queued meanwhile can still be the one; D184)."""
+    return running.started_at + service_s(snap, running) - snap.config.pipeline_lead_s
 
 
 def _in_use(snap: Snapshot, running: CallView) -> tuple[StateKey, ...]:

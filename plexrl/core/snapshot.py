@@ -77,6 +77,7 @@ class CoreConfig:
     queue_policy: str = "hrrs"   #: "fcfs", "round-robin" or "hrrs"
     prefetch: bool = True        #: onload the next call's States while the current one runs
     pipeline: bool = False       #: dispatch the next call behind the running one (D180)
+    pipeline_lead_s: float = 0.005   #: how long before the running call's expected end (D184)
     max_wait_s: float = 600.0    #: hrrs: a call waiting longer than this is served first (FCFS)
     ema_alpha: float = 0.3       #: weight of a new observation in learned costs
     placement: str = "spread"    #: "spread" (fewest co-tenants, new pools first) or "pack"

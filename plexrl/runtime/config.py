@@ -44,6 +44,8 @@ class RuntimeConfig:
     prefetch: bool = option(True, doc="onload the next call's states while one runs")
     pipeline: bool = option(True, doc="send a service its next call while one runs, once the "
                             "next one's states are resident, so it starts without a round trip")
+    pipeline_lead_s: float = option(0.005, unit="s", min=0.0,
+                                    doc="how long before the running call's expected end")
     host_root: str = option("/dev/shm", doc="directory of shared-memory host copies")
     disk_bytes: int = option(64 << 30, unit="bytes", min=0,
                              doc="disk for spilled states, per node (the core plans against it)")
@@ -92,7 +94,8 @@ class RuntimeConfig:
 
     def core_config(self) -> CoreConfig:
         return CoreConfig(queue_policy=self.queue_policy, prefetch=self.prefetch,
-                          pipeline=self.pipeline, backfill=False)
+                          pipeline=self.pipeline, pipeline_lead_s=self.pipeline_lead_s,
+                          backfill=False)
 
 
 EMULATED = DeviceSpec(name="emulated", memory_bytes=0, usable_frac=1.0, peak_flops=1e11,

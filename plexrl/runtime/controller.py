@@ -7,7 +7,8 @@ they arrive in (early ones wait in ``JobRecord.held``), the plan / assume / act 
 folding back what the services report (``CallFinished``, ``TransitionFinished``). It runs as
 an asyncio Ray actor, so every fold and plan happens on one thread. How jobs end (leases,
 ``end``, a lost service, shutdown) is ``endings.py``, the core's Moves sent to the services
-(one call per group and cycle) are ``moving.py``, what may be read is ``inspection.py``,
+(one call per group and cycle) are ``moving.py``, calls sent and their finish folded are
+``dispatching.py``, what may be read is ``inspection.py``,
 submitted jobs are ``submissions.py`` (mixins of this class); it serves its metrics and
 dashboard (``endpoints.py``, on its own loop). It decides and never carries tensors: a call's payload
 and result go between the job and its service (``service_actor.py``), never through here.
@@ -26,11 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import secrets
 import time
 from pathlib import Path
-
-import ray
 
 from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
@@ -46,18 +46,20 @@ from plexrl.runtime import recovery
 from plexrl.runtime.call_log import CallLog
 from plexrl.runtime.endpoints import Endpoints
 from plexrl.runtime.executor import Executor
-from plexrl.runtime.jobs import (CallOrder, JobRecord, PendingCall, check_request, copies_of,
-                                 job_spec, workspace_bytes)
+from plexrl.runtime.jobs import (JobRecord, PendingCall, check_request, copies_of, job_spec,
+                                 workspace_bytes)
 from plexrl.runtime.journal import TERMINAL, Journal, state_dir
 from plexrl.runtime.endings import JobEndings
 from plexrl.runtime.moving import StateMoves
+from plexrl.runtime.dispatching import CallDispatch
 from plexrl.runtime.inspection import Inspection
 from plexrl.runtime.submissions import SubmittedJobs
 
 
-class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
+class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection):
     # submissions.py: submitted jobs, their programs, tokens; endings.py: leases, end, a lost
-    # service; moving.py: the core's Moves on the services; inspection.py: what may be read
+    # service; moving.py: the core's Moves on the services; dispatching.py: calls sent and
+    # their finish folded; inspection.py: what may be read
     def __init__(self, config: RuntimeConfig, session: str):
         self.config, self.session = config, session
         self.snap: Snapshot | None = None   # once the worker groups have their nodes
@@ -68,6 +70,8 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._last_sent: dict[WorkerGroupId, asyncio.Future] = {}   #: per group, its ``folded``
+        self._wake: asyncio.TimerHandle | None = None   #: the next plan when time alone matters
+        self._wake_at = math.inf
         self._failed_moves: dict[StateKey, int] = {}   #: failures in a row, per State
         self._service_init()   # submissions.py
         self.journal: Journal | None = None
@@ -252,7 +256,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
             now = time.monotonic()
             decisions = plan(self.snap, now)
             if not decisions:
-                return
+                return self._plan_again(now)
             if self.config.check_invariants:
                 enforce(check_decisions(self.snap, decisions, now))
             moves: dict[WorkerGroupId, list[Move]] = {}
@@ -277,19 +281,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
                 if all(s.job != job for s in self.snap.pending):
                     self._spawn(self._bind(job, record))
             case Dispatch(call=call, wg=wg):
-                pending = self.calls[call]
-                pending.wg, pending.started_at = wg, now
-                after = None
-                if wg in self.snap.behind:   # it runs, and its finish is folded, after that call
-                    ahead = self.calls[self.snap.running[wg].call].request
-                    after, pending.after = (ahead.job, ahead.seq), self._last_sent.get(wg)
-                pending.folded = asyncio.get_running_loop().create_future()
-                self._last_sent[wg] = pending.folded
-                self.journal.dispatching(pending.request.job, pending.request.seq, call,
-                                         pending.copy_seq, wg)   # before the go
-                order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq,
-                                  after)
-                self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
+                self._send(call, wg, now)
 
     async def _bind(self, job: JobId, record: JobRecord) -> None:
         """Create the job's States on its services (on HOST, where the core put them)."""
@@ -334,50 +326,6 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, Inspection):
         """The bytes the core counts for each State of a copy (the service must agree)."""
         return {s: self.snap.states[StateKey(job, role, copy, s)].num_bytes for s in State
                 if StateKey(job, role, copy, s) in self.snap.states}
-
-    async def _call_done(self, pending: PendingCall, done) -> None:
-        end = time.monotonic()
-        try:
-            end = await self._finished(pending, done)
-        finally:
-            if not pending.folded.done():
-                pending.folded.set_result(end)
-
-    async def _finished(self, pending: PendingCall, done) -> float:
-        """Fold a call's finish, after the call it was sent behind (its start is that one's
-        end); returns its end."""
-        request = pending.request
-        try:
-            done = await done
-        except ray.exceptions.RayActorError as err:
-            self._lost(pending.wg, err)
-            return time.monotonic()
-        if pending.after is not None:
-            pending.started_at = max(pending.started_at, await pending.after)
-        end = time.monotonic()
-        self.calls.pop(pending.call, None)
-        self.journal.finish(request.job, request.seq, "failed" if done["failed"] else "done",
-                            done["failed"])
-        if done.get("saved"):
-            saved = done["saved"]
-            self.journal.checkpoint(request.job, saved["role"], saved["version"], saved["path"])
-        self.call_log.append({"call": pending.call, "job": request.job, "seq": request.seq,
-                              "function": str(request.function), "role": str(request.role),
-                              "step": request.step, "wg": pending.wg,
-                              "queued_s": pending.queued_at, "start_s": pending.started_at,
-                              "end_s": end, "duration_s": done["duration_s"],
-                              "workspace_bytes": pending.workspace_bytes,
-                              "behind": pending.after is not None, "failed": done["failed"]})
-        if request.job in self.snap.jobs:
-            self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
-                                       duration_s=done["duration_s"]))
-            weights = StateKey(request.job, request.role, request.copy, State.WEIGHTS)
-            if weights in self.snap.states and request.function in recovery.VERSIONED:
-                view = self.snap.states[weights]
-                self.journal.state(request.job, request.role, request.copy, State.WEIGHTS,
-                                   view.tier, view.version)
-            self._plan()
-        return end
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

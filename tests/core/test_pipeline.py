@@ -94,3 +94,16 @@ def test_when_the_behind_calls_job_ends_it_is_dropped():
     ended = apply(snap, ev.JobEnded(job="b", at=0.7))
     assert ended.running["g0"].call == 1 and ended.behind == {}
     assert key("b", State.WEIGHTS) not in ended.states
+
+
+def test_a_call_goes_behind_only_near_the_running_calls_expected_end():
+    """a's LOGPROBS is known to take 1 s: nothing is sent behind it before 1 s less the lead
+    (a call queued meanwhile may still be the better pick), and the planner's quiet window
+    for the group ends right then, so the runtime plans again at that time (D184)."""
+    snap = running_a()
+    snap = replace(snap, estimates=snap.estimates.observe_service("a", Function.LOGPROBS, 1.0,
+                                                                  alpha=1.0))
+    send_at = 1.0 - PIPELINE.pipeline_lead_s
+    assert plan(snap, 0.5) == []
+    assert snap.quiet_groups.windows["g0"][1] == pytest.approx(send_at)
+    assert [d.call for d in plan(snap, send_at) if isinstance(d, Dispatch)] == [2]
