@@ -419,7 +419,7 @@ def _rounded(value):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per job and mode")
-    parser.add_argument("--warmup", type=int, default=8, help="untimed steps (calibration)")
+    parser.add_argument("--warmup", type=int, default=12, help="untimed steps (calibration)")
     parser.add_argument("--rounds", type=int, default=4,
                         help="isolated-then-shared rounds the timed steps are split over")
     parser.add_argument("--no-swap", action="store_true",

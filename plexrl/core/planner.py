@@ -110,8 +110,10 @@ def _plan_group(snap: Snapshot, wg: WorkerGroupId, now: float) -> list[Decision]
     rivals = [c for c in candidates if c is not picked and _act_on(snap, wg, c.call, running, now)]
     until = queue.stable_until(candidates, picked, rivals, snap.last_job.get(wg), now,
                                snap.config.max_wait_s)
-    if running is not None and snap.config.pipeline and _send_behind_at(snap, running) > now:
-        until = min(until, _send_behind_at(snap, running))
+    send_at = _send_behind_at(snap, running) if running is not None and snap.config.pipeline \
+        else now
+    if send_at > now:   # a call may go behind the running one from then
+        until = min(until, send_at)
     if until > now:
         snap.quiet_groups.record(wg, now if rivals else -math.inf, until)
     return []
