@@ -71,10 +71,11 @@ class ServiceActor:
         """Forget a job: its calls still waiting here fail with ``err``."""
         self._bound.discard(job)
         for (owner, _), slot in list(self._calls.items()):
-            if owner == job and not slot.result.done():
+            if owner != job:
+                continue
+            if not slot.result.done():
                 slot.result.set_exception(err)
-            if owner == job:
-                _resolve(slot.handed)
+            _resolve(slot.handed)
         await self._on(self._compute, self._service.unbind, job)
         self.records.forget(job)
         self._checkpoints.pop(job, None)
