@@ -48,6 +48,11 @@ def test_the_multiplexing_bench_reports_device_seconds_slowdowns_and_swaps(ray_s
     for key in ("device_s_saving_frac", "max_slowdown", "slowdown_floor_est", "targets",
                 "meets_saving", "meets_slowdown", "idle_share_ok"):
         assert key in result
+    assert result["compute_inflation"] == pytest.approx(
+        result["shared"]["compute_s"] / sum(j["compute_s"] for j in result["isolated"]["jobs"].values()),
+        rel=1e-3)
+    assert result["slowdown_floor_measured"] == pytest.approx(
+        result["compute_inflation"] * result["slowdown_floor_est"], rel=1e-3)
 
 
 def test_rounds_must_divide_the_timed_steps():
