@@ -38,7 +38,11 @@ the sum over jobs of (1 - idle share): if calls take as long as alone, no schedu
 device keeps every job's slowdown below it; ``compute_inflation``, the seconds the service
 computed the shared calls over those it computed the same calls alone (the host work on the
 other cores slows the device's core, D186), and
-``slowdown_floor_measured``, the floor with the calls as long as they were shared. Prints one
+``slowdown_floor_measured``, the floor with the calls as long as they were shared;
+``shared_pace_spread``, the longest shared mean step over the shortest (1: the jobs kept one
+pace); and ``slowdown_floor_one_pace``, the jobs' busy seconds per isolated step summed over
+the shortest isolated step: jobs that keep one pace take at least their summed busy seconds
+a step, so the job fastest alone is slowed at least that much (D188). Prints one
 JSON object. Targets: >= 30% fewer device-seconds per step, every slowdown <= 1.25x.
 """
 
@@ -260,10 +264,13 @@ def run_shared(runtime, plans: list[JobPlan], warmup: int, steps: int) -> dict:
             "queued_idle_s": queued_idle_s(calls), "transitions": moves(transitions, start, end)}
 
 
-def group_config(device_bytes: int, cores: tuple[int, ...] = ()) -> RuntimeConfig:
-    """One worker group of 1 emulated device of ``device_bytes``, computing on ``cores``."""
+def group_config(device_bytes: int, cores: tuple[int, ...] = (),
+                 queue_policy: str | None = None) -> RuntimeConfig:
+    """One worker group of 1 emulated device of ``device_bytes``, computing on ``cores``,
+    with the runtime's default queue policy unless one is named."""
+    policy = {"queue_policy": queue_policy} if queue_policy else {}
     return RuntimeConfig(device_bytes=device_bytes, worker_groups=(WorkerGroupConfig("wg0", 1),),
-                         device_cores=cores)
+                         device_cores=cores, **policy)
 
 
 def one_group(device_bytes: int, cores: tuple[int, ...] = ()):
@@ -307,7 +314,8 @@ def device_budget(plans, swap: bool) -> dict:
 
 # -- the bench ----------------------------------------------------------------------------------
 def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, swap: bool = True,
-            logs: dict | None = None, cores: tuple[int, ...] = ()) -> dict:
+            logs: dict | None = None, cores: tuple[int, ...] = (),
+            queue_policy: str | None = None) -> dict:
     """One runtime, one worker group of 1 device. ``rounds`` times: the isolated runs (which
     calibrate the waits), then the shared run on the same group, ``steps / rounds`` timed
     steps each; the report over all rounds. Adjacent isolated and shared runs see the same
@@ -322,7 +330,8 @@ def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, sw
         raise ValueError("the call logs are exported from a single round")
     budget = device_budget(plans, swap)
     runs = []
-    runtime = one_group(budget["device_bytes"], cores)
+    config = group_config(budget["device_bytes"], cores, queue_policy)
+    runtime = plexrl.connect(None, config=config)
     try:
         for index in range(rounds):   # later rounds register their jobs as <name>-r<index>
             named = [replace(p, name=f"{p.name}-r{index}") if index else p for p in plans]
@@ -336,11 +345,12 @@ def measure(plans=JOBS, *, warmup: int = 8, steps: int = 40, rounds: int = 1, sw
             runs.append((tuned, alone, shared))
         if logs is not None:
             logs.update(calls=runtime.inspect("calls"), transitions=runtime.inspect("transitions"),
-                        config=group_config(budget["device_bytes"], cores))
+                        config=config)
     finally:
         runtime.close()
     tuned, alone, shared = combine(plans, runs)
-    return {**report(tuned, alone, shared, steps, budget, rounds), "device_cores": list(cores)}
+    return {**report(tuned, alone, shared, steps, budget, rounds), "device_cores": list(cores),
+            "queue_policy": config.queue_policy}
 
 
 def combine(plans, runs: list) -> tuple[list[JobPlan], dict, dict]:
@@ -387,6 +397,9 @@ def report(plans, alone: dict, shared: dict, steps: int, budget: dict, rounds: i
     inflation = shared["compute_s"] / sum(a["compute_s"] for a in alone.values())
     floor = sum(1 - f for f in idle.values())
     max_slowdown = max(r["slowdown"] for r in shared["jobs"].values())
+    paces = [r["mean_step_s"] for r in shared["jobs"].values()]
+    alone_steps = [alone[p.name]["mean_step_s"] for p in plans]
+    one_pace_floor = sum(alone[p.name]["busy_s"] for p in plans) / steps / min(alone_steps)
     return _rounded({
         "steps_per_job": steps, "rounds": rounds, "jobs": [_plan_row(p) for p in plans],
         "idle_share_isolated": idle,
@@ -402,6 +415,7 @@ def report(plans, alone: dict, shared: dict, steps: int, budget: dict, rounds: i
         "device_s_saving_frac": saving, "max_slowdown": max_slowdown,
         "slowdown_floor_est": floor, "compute_inflation": inflation,
         "slowdown_floor_measured": inflation * floor,
+        "shared_pace_spread": max(paces) / min(paces), "slowdown_floor_one_pace": one_pace_floor,
         "targets": {"saving_frac_min": TARGET_SAVING_FRAC, "slowdown_max": TARGET_SLOWDOWN},
         "meets_saving": saving >= TARGET_SAVING_FRAC, "meets_slowdown": max_slowdown <= TARGET_SLOWDOWN})
 
@@ -432,13 +446,15 @@ def main() -> int:
                         help="the default 256 MiB device: all States fit, no swaps")
     parser.add_argument("--idle-share", type=float, default=None,
                         help="one target idle share for every job (default: JOBS)")
+    parser.add_argument("--queue-policy", default=None,
+                        help="the runtime's queue policy (default: the runtime's default)")
     args = parser.parse_args()
     plans = JOBS if args.idle_share is None else tuple(replace(p, idle_share=args.idle_share)
                                                        for p in JOBS)
     cores = reserve_cores(1)   # the device's own core, as a GPU is its own (D181)
     init_local(num_devices=1)
     result = measure(plans, warmup=args.warmup, steps=args.steps, rounds=args.rounds,
-                     swap=not args.no_swap, cores=cores)
+                     swap=not args.no_swap, cores=cores, queue_policy=args.queue_policy)
     print(json.dumps(result))
     if not result["idle_share_ok"]:
         print(f"FAIL: an isolated idle share is outside {IDLE_SHARE_RANGE}: "

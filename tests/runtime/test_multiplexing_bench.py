@@ -53,6 +53,12 @@ def test_the_multiplexing_bench_reports_device_seconds_slowdowns_and_swaps(ray_s
         rel=1e-3)
     assert result["slowdown_floor_measured"] == pytest.approx(
         result["compute_inflation"] * result["slowdown_floor_est"], rel=1e-3)
+    alone, shared = result["isolated"]["jobs"], result["shared"]["jobs"]
+    paces = [shared[name]["mean_step_s"] for name in names]
+    assert result["shared_pace_spread"] == pytest.approx(max(paces) / min(paces), rel=1e-3)
+    assert result["slowdown_floor_one_pace"] == pytest.approx(
+        sum(alone[name]["busy_s"] for name in names) / 2 / min(alone[n]["mean_step_s"] for n in names),
+        rel=1e-3)
 
 
 def test_rounds_must_divide_the_timed_steps():
