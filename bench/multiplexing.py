@@ -56,6 +56,7 @@ import numpy as np
 import plexrl
 from plexrl.core.jobs import ModelDecl, states_of
 from plexrl.core.jobs import state_bytes as core_state_bytes
+from plexrl.core.queues import QUEUES
 from plexrl.protocol import CallRequest, Function, JobId, Role, State
 from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
 from plexrl.runtime.cores import reserve as reserve_cores
@@ -446,7 +447,7 @@ def main() -> int:
                         help="the default 256 MiB device: all States fit, no swaps")
     parser.add_argument("--idle-share", type=float, default=None,
                         help="one target idle share for every job (default: JOBS)")
-    parser.add_argument("--queue-policy", default=None,
+    parser.add_argument("--queue-policy", default=None, choices=sorted(QUEUES),
                         help="the runtime's queue policy (default: the runtime's default)")
     args = parser.parse_args()
     plans = JOBS if args.idle_share is None else tuple(replace(p, idle_share=args.idle_share)

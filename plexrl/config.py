@@ -303,6 +303,15 @@ def _check_leaf(value, ctx: _Ctx):
     return value
 
 
+def check_options(obj) -> None:
+    """Check the scalar fields of a dataclass made in code against their options' bounds and
+    allowed values, as ``build`` checks what a file says (``ConfigError`` naming the field)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata and isinstance(value, (str, int, float)):
+            _check_leaf(value, _Ctx("", f.name, f.metadata))
+
+
 def _wrong_type(words: str, value, ctx: _Ctx, fix: str = "") -> ConfigError:
     """'expected an integer (count)', with a fix for the usual slips."""
     unit = f" ({ctx.unit})" if ctx.unit else ""

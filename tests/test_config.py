@@ -379,3 +379,17 @@ def test_build_round_trips_valid_values(scenario):
     assert config.build(Scenario, to_plain(scenario)) == scenario
     assert config.build(Scenario, dataclasses.asdict(scenario)) == scenario
     assert config.build(Scenario, json.loads(json.dumps(to_plain(scenario)))) == scenario
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("queue_policy", "lifo", "use one of: 'hrrs', 'fcfs', 'round-robin'"),
+    ("threads", 0, "use a value >= 1"),
+    ("pipeline_lead_s", -1.0, "use a value >= 0.0 s"),
+])
+def test_a_runtime_config_made_in_code_is_checked_like_a_file(field, value, words):
+    """A bad option given in Python fails when the config is made, naming the field and the
+    fix, not later inside the controller."""
+    from plexrl.runtime.config import RuntimeConfig
+    with pytest.raises(ConfigError) as info:
+        RuntimeConfig(**{field: value})
+    assert info.value.field == field and info.value.value == value and words in str(info.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
-from plexrl.config import option
+from plexrl.config import check_options, option
 from plexrl.core.cluster import ClusterSpec, DeviceSpec, Direction, NodeSpec, WorkerGroupSpec
 from plexrl.core.snapshot import CoreConfig
 from plexrl.errors import ConfigError
@@ -82,6 +82,7 @@ class RuntimeConfig:
         return sum(g.num_devices for g in self.worker_groups)
 
     def __post_init__(self):
+        check_options(self)
         if self.device_cores and len(self.device_cores) != self.threads * len(self.worker_groups):
             raise ConfigError(f"{len(self.device_cores)} device cores for "
                               f"{len(self.worker_groups)} worker groups of {self.threads} threads",
