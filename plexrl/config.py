@@ -1,9 +1,9 @@
 """Frozen dataclass configs with documented units, read from TOML/JSON files plus overrides.
 
 Owns: ``option`` (a dataclass field carrying unit, doc, bounds and allowed values), reading
-a config file, ``section.field=value`` overrides, building a frozen dataclass from nested
-dicts with errors a user can act on (file, dotted field, value, fix), and ``describe``
-rows for documentation.
+a config file, ``section.field=value`` overrides, and building a frozen dataclass from
+nested dicts with errors a user can act on (file, dotted field, value, fix); documentation
+rows of a config class are ``plexrl.config_docs``.
 
 Must not know: what any setting means (core, sim and runtime own their config classes),
 where files live, or how to convert units. A unit is a documented name only: "80GB" where
@@ -33,9 +33,9 @@ from typing import Literal, Union, get_args, get_origin
 from plexrl.errors import ConfigError
 
 __all__ = ["MISSING", "option", "read_file", "parse_override", "apply_overrides",
-           "build", "describe", "load"]
+           "build", "check_options", "load"]
 
-_hints = functools.cache(typing.get_type_hints)  # config classes live at module level
+type_hints = functools.cache(typing.get_type_hints)  # config classes live at module level
 
 
 def option(default=MISSING, *, unit: str = "", doc: str = "", min: float | None = None,
@@ -188,7 +188,7 @@ def build(cls, data: dict, *, file: str = "", prefix: str = ""):
                        fix=f"write a [{prefix or cls.__name__}] table with keys "
                            f"{', '.join(fields)}")
     _reject_unknown(data, fields, ctx)
-    hints = _hints(cls)
+    hints = type_hints(cls)
     kwargs = {}
     for name, f in fields.items():
         sub = ctx.at(name, f.metadata)
@@ -212,7 +212,7 @@ def _reject_unknown(data: dict, fields: dict, ctx: _Ctx) -> None:
     close = difflib.get_close_matches(key, valid, n=1)
     fix = f"did you mean {close[0]!r}? " if close else "remove or rename it; "
     fix += (f"valid keys: {', '.join(valid)}" if len(valid) <= 12
-            else f"{len(valid)} valid keys, listed by config.describe")
+            else f"{len(valid)} valid keys, listed by plexrl.config_docs.describe")
     more = f" (also unknown: {', '.join(map(str, unknown[1:]))})" if unknown[1:] else ""
     raise ctx.at(key).fail(f"unknown key{more}", data[unknown[0]], fix=fix)
 
@@ -221,11 +221,11 @@ def _missing(tp, ctx: _Ctx) -> ConfigError:
     section, _, name = ctx.field.rpartition(".")
     doc = ctx.meta.get("doc")
     message = f"missing required field ({doc})" if doc else "missing required field"
-    if _nested(tp) is not None:
+    if nested_class(tp) is not None:
         return ctx.fail(message, fix=f"add a [{ctx.field}] table")
     where = f"under [{section}]" if section else "at the top level"
     unit = f", {ctx.unit}" if ctx.unit else ""
-    return ctx.fail(message, fix=f"add {name} = <{_type_name(tp)}{unit}> {where}")
+    return ctx.fail(message, fix=f"add {name} = <{type_name(tp)}{unit}> {where}")
 
 
 def _convert(tp, value, ctx: _Ctx):
@@ -347,51 +347,27 @@ def _choose(value, allowed) -> str:
     return f"{hint}use one of: {', '.join(map(repr, allowed))}"
 
 
-# -- describe ------------------------------------------------------------------------------------
-def describe(cls) -> list[tuple[str, str, str, object]]:
-    """(dotted field, type, unit, default) per leaf setting; default ``MISSING`` = required.
-
-    Nested dataclasses are expanded (``cluster.num_nodes``), tables of named dataclasses
-    appear once with ``<name>`` (``models.<name>.tp``), each with the class defaults.
-    """
-    return list(_rows(cls, ""))
-
-
-def _rows(cls, prefix: str):
-    hints = _hints(cls)
-    for f in (f for f in dataclasses.fields(cls) if f.init):
-        tp, dotted = hints[f.name], f"{prefix}{f.name}"
-        nested = _nested(tp)
-        if nested is not None:
-            inner, suffix = nested
-            yield from _rows(inner, f"{dotted}{suffix}.")
-            continue
-        factory = f.default_factory if f.default_factory is not MISSING else None
-        default = factory() if factory else f.default
-        yield dotted, _type_name(tp), f.metadata.get("unit", ""), default
-
-
-def _nested(tp) -> tuple[type, str] | None:
+def nested_class(tp) -> tuple[type, str] | None:
     """(dataclass, key suffix) when ``tp`` is a dataclass, ``DC | None`` or ``dict[str, DC]``."""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
-        return _nested(options[0]) if len(options) == 1 else None
+        return nested_class(options[0]) if len(options) == 1 else None
     if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
         return args[1], ".<name>"
     return (tp, "") if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
 
 
-def _type_name(tp) -> str:
+def type_name(tp) -> str:
     origin, args = get_origin(tp), get_args(tp)
     if tp is type(None) or tp is Ellipsis:
         return "None" if tp is type(None) else "..."
     if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args)
+        return " | ".join(type_name(a) for a in args)
     if origin is Literal:
         return f"Literal[{', '.join(map(repr, args))}]"
     if origin is not None:
-        return f"{_type_name(origin)}[{', '.join(_type_name(a) for a in args)}]"
+        return f"{type_name(origin)}[{', '.join(type_name(a) for a in args)}]"
     return getattr(tp, "__name__", repr(tp).removeprefix("typing."))
 
 

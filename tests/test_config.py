@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plexrl import config
+from plexrl import config, config_docs
 from plexrl.config import MISSING, option
 from plexrl.errors import ConfigError, PlexError
 
@@ -336,7 +336,7 @@ def test_option_carries_metadata():
 
 
 def test_describe_lists_dotted_fields_with_types_units_defaults():
-    rows = config.describe(Scenario)
+    rows = config_docs.describe(Scenario)
     assert ("cluster.num_nodes", "int", "count", MISSING) in rows
     assert ("cluster.tiers", "tuple[str, ...]", "", ("gpu", "host")) in rows
     assert ("cluster.share_frac", "list[float]", "frac", []) in rows
