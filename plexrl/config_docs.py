@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import MISSING
 
-from plexrl.config import type_hints, nested_class, type_name
+from plexrl.config import nested_class, type_hints, type_name
 
 
 def describe(cls) -> list[tuple[str, str, str, object]]:
