@@ -26,7 +26,7 @@ class Direct:
     def __init__(self, spec, threads: int):
         import torch
 
-        from plexrl.runtime.engine import Engine
+        from plexrl.runtime.workers.engine import Engine
         torch.set_num_threads(threads)
         self.engine = Engine(spec, seed=0)
         self.weights = self.engine.initial_weights()

@@ -1,6 +1,6 @@
 """Benchmark: how much host work on the other cores changes an emulated device core's speed.
 
-An emulated device computes on a CPU core of its own (``plexrl.runtime.cores``, D181), but
+An emulated device computes on a CPU core of its own (``plexrl.runtime.workers.cores``, D181), but
 the cores of one machine share caches, memory bandwidth and, on many virtual machines, one
 physical core's execution units; a GPU shares none of these with the host. This bench times
 the same device work on the reserved core with the other cores idle (the baseline), then
@@ -20,7 +20,7 @@ import argparse, json, multiprocessing, os, statistics, sys, threading, time  # 
 import numpy as np
 import torch
 
-from plexrl.runtime.cores import pin_thread, reserve
+from plexrl.runtime.workers.cores import pin_thread, reserve
 from plexrl.runtime.models import build_module, model_spec
 
 LOADS = ("python", "memcpy")

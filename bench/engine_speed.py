@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from plexrl.losses import get_loss  # noqa: E402
-from plexrl.runtime.engine import Engine  # noqa: E402
+from plexrl.runtime.workers.engine import Engine  # noqa: E402
 from plexrl.runtime.models import build_module, model_spec  # noqa: E402
 
 

@@ -9,7 +9,7 @@ Both modes run on one runtime with one worker group of 1 emulated device, whose 
 the largest call's workspace and 1.5x the largest job's States: any one job fits beside any
 call, two jobs' States never fit beside the largest, so in shared mode job switches move
 bytes and that cost is inside the measurement (``--no-swap``: the default 256 MiB device).
-The device computes on a CPU core of its own (``plexrl.runtime.cores``, D181): the drivers,
+The device computes on a CPU core of its own (``plexrl.runtime.workers.cores``, D181): the drivers,
 the controller, state copies and Ray keep to the other cores, as host work does not run on
 a GPU (a machine with a single core pins nothing; ``device_cores`` in the JSON says).
 
@@ -59,8 +59,9 @@ from plexrl.core.jobs import state_bytes as core_state_bytes
 from plexrl.core.queues import QUEUES
 from plexrl.protocol import CallRequest, Function, JobId, Role, State
 from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
-from plexrl.runtime.cores import reserve as reserve_cores
-from plexrl.runtime.jobs import copies_of, workspace_bytes
+from plexrl.runtime.workers.cores import reserve as reserve_cores
+from plexrl.runtime.control.jobs import workspace_bytes
+from plexrl.runtime.workers.order import copies_of
 from plexrl.runtime.models import model_spec
 from plexrl.runtime.transport import init_local
 

@@ -18,9 +18,9 @@ import time
 
 from plexrl.core.snapshot import Snapshot
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
-from plexrl.runtime.dashboard import dashboard_state, render_page
-from plexrl.runtime.metrics import RuntimeMetrics
-from plexrl.runtime.observe import Tally, readings
+from plexrl.runtime.observe.dashboard import dashboard_state, render_page
+from plexrl.runtime.observe.metrics import RuntimeMetrics
+from plexrl.runtime.observe.measures import Tally, readings
 
 FUNCTIONS = ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights")
 

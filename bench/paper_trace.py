@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from plexrl.sim import trace_report as tr
-from plexrl.sim.replay import StepRates, replay, replay_calls
+from plexrl.sim.cluster import trace_report as tr
+from plexrl.sim.cluster.replay import StepRates, replay, replay_calls
 from plexrl.sim.scenario import load_scenario
 
 TARGET_S = 60.0

@@ -3,7 +3,7 @@
 For each shipped queue scenario (queues-mixed, queues-agentic) and each load point of its
 ``[sweep.axes.load]`` (every job's think time), runs the first experiment in plexrl mode
 under each policy, over the scenario's ``[sweep] seeds`` seeds (calls pooled, worst slowdown
-over the seeds; plexrl/sim/queue_study.py) and prints ONE JSON object: per load point the
+over the seeds; plexrl/sim/experiments/queue_study.py) and prints ONE JSON object: per load point the
 offered load, and per policy the mean and p99 call wait on the shared pool (``*_wait_s``:
 start - queued; ``*_ready_wait_s``: start - when the call became runnable, the wait the
 claim is tested on, docs/design.md, D46, the share of calls that started while
@@ -15,7 +15,7 @@ wait since queued. Deterministic: fixed seeds. ``--set`` overrides apply to ever
 
 import argparse, json, sys, time  # noqa: E401
 
-from plexrl.sim.queue_study import seeds, study, to_json
+from plexrl.sim.experiments.queue_study import seeds, study, to_json
 from plexrl.sim.scenario import load_scenario
 
 SCENARIOS = ("queues-mixed", "queues-agentic")

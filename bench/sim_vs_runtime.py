@@ -2,7 +2,7 @@
 
 Runs bench/multiplexing.py (3 GRPO-like jobs with driver-side waits, each alone and then
 all together on one worker group of 1 emulated device), exports the *isolated* runs' call
-and transition logs as a scenario (plexrl/sim/from_run.py: each job's step as its measured
+and transition logs as a scenario (plexrl/sim/experiments/from_run.py: each job's step as its measured
 call durations and gaps, the group's budget and the jobs' State sizes as in the run,
 measured move bandwidth and latency), runs ``plexrl sim`` on that file, and prints one JSON
 object: measured and predicted device-seconds per training step (isolated, shared), the
@@ -39,8 +39,8 @@ import multiplexing as mx
 import plexrl
 from plexrl.runtime.models import model_spec
 from plexrl.runtime.transport import init_local
-from plexrl.sim.from_run import RunInfo, export, job_shape, steps_of
-from plexrl.sim.measured import predict
+from plexrl.sim.experiments.from_run import RunInfo, export, job_shape, steps_of
+from plexrl.sim.experiments.measured import predict
 from plexrl.sim.scenario import load_scenario
 
 TARGET_REL_ERROR = 0.20

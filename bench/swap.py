@@ -20,9 +20,9 @@ import torch
 import xxhash
 
 from plexrl.protocol import Tier
-from plexrl.runtime.device import DeviceMemory
-from plexrl.runtime.host import SHM_ROOT, HostStore
-from plexrl.runtime.tiers import StateStore
+from plexrl.runtime.tiers.device import DeviceMemory
+from plexrl.runtime.tiers.host import SHM_ROOT, HostStore
+from plexrl.runtime.tiers.store import StateStore
 
 TARGET_RATIO = 0.8
 

@@ -3,7 +3,7 @@
 Owns: the arguments of these commands, finding the running controller through the run
 directory (``plexrl.runtime.head``), and printing: a table or lines for people, or with
 ``--format json`` exactly one JSON object on stdout. Must not know: how the controller
-queues, runs or ends jobs (``plexrl.runtime.submissions``).
+queues, runs or ends jobs (``plexrl.runtime.control.submissions``).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def _cancel(args) -> int:
 
 def _submit(args) -> int:
     from plexrl.runtime import head
-    from plexrl.runtime.jobspec import load_job_file
+    from plexrl.runtime.submitted.jobspec import load_job_file
     job_file = load_job_file(args.job_file)       # every error before anything is sent
     submission = job_file.submission()
     token = head.read_token(args.token)

@@ -33,29 +33,29 @@ def run_sim(args) -> int:
             raise ConfigError(f"{flag} {value} needs a trace scenario (one with a [trace] table)",
                               file=scenario.source, field=flag, value=value,
                               fix="run it on a trace scenario such as paper-trace")
-    from plexrl.sim.preflight import preflight
+    from plexrl.sim.experiments.preflight import preflight
     preflight(scenario)
     if args.sweep:
-        from plexrl.sim.sweep import run_sweep
+        from plexrl.sim.experiments.sweep import run_sweep
         report, results = run_sweep(scenario, seed), None
     else:
-        from plexrl.sim.report import build_report
+        from plexrl.sim.experiments.report import build_report
         report, results = build_report(scenario, seed)
     if args.format == "json":
         print(json.dumps(report, sort_keys=True))
     else:
-        from plexrl.sim.report import render_table
-        from plexrl.sim.sweep import render_sweep
+        from plexrl.sim.experiments.report import render_table
+        from plexrl.sim.experiments.sweep import render_sweep
         print(render_sweep(report) if args.sweep else render_table(report))
     if out is not None:
-        from plexrl.sim.artifacts import write_artifacts
+        from plexrl.sim.experiments.artifacts import write_artifacts
         for path in write_artifacts(out, report, results, scenario, seed):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
 def _run_trace(args, scenario, out: Path | None) -> int:
-    from plexrl.sim import trace_report as tr
+    from plexrl.sim.cluster import trace_report as tr
     if args.sweep == "axes":
         raise ConfigError("a trace scenario sweeps its load, not [sweep.axes]", file=scenario.source,
                           field="--sweep", fix="pass --sweep load")
@@ -81,13 +81,13 @@ def _run_trace(args, scenario, out: Path | None) -> int:
 
 
 def _run_measured(args, scenario, out: Path | None) -> int:
-    """A measured run replayed (plexrl/sim/measured.py): its device-seconds per step, alone
+    """A measured run replayed (plexrl/sim/experiments/measured.py): its device-seconds per step, alone
     and shared, and each job's slowdown."""
     for flag, value in (("--sweep", args.sweep), ("--window", args.window)):
         if value:
             raise ConfigError(f"{flag} does not apply to a measured run", file=scenario.source,
                               field=flag, value=value, fix=f"drop {flag}")
-    from plexrl.sim.measured import predict, render
+    from plexrl.sim.experiments.measured import predict, render
     report = predict(scenario)
     print(json.dumps(report, sort_keys=True) if args.format == "json" else render(report))
     if out is not None:

@@ -1,48 +1,22 @@
-"""Learned costs: transfer bandwidth per (node, direction) and service time per (job, function).
+"""Expected costs: the seconds a transition and a call will take.
 
-Owns: ``Estimates`` (EMA tables) and the two estimators the policies use, ``transfer_s``
-and ``service_s``. A warm job is estimated from its own history; a cold one from its
-ModelSpec and the nominal hardware figures (see docs/design.md, "Cold and warm costs").
+Owns: the two estimators the policies use, ``transfer_s`` and ``service_s``, read off the
+tables the Snapshot has learned (``estimates.py``). A warm job is estimated from its own
+history; a cold one from its ModelSpec and the nominal hardware figures (docs/design.md,
+"Cold and warm costs").
 Must not know: where observations come from, or any clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
 from plexrl.core.cluster import ClusterSpec, Direction
-from plexrl.protocol import Function, JobId, NodeId, Tier, WorkerGroupId
-
-if TYPE_CHECKING:
-    from plexrl.core.snapshot import CallView, Snapshot
+from plexrl.core.snapshot import CallView, Snapshot
+from plexrl.protocol import Function, Tier, WorkerGroupId
 
 #: Cold-start assumptions (docs/design.md): training MFU and decode efficiency guesses.
 COLD_MFU = 0.3
 COLD_DECODE_BATCH = 64
 FLOPS_PER_TOKEN = {Function.FORWARD_BACKWARD: 6.0, Function.LOGPROBS: 2.0}
-
-
-@dataclass(frozen=True)
-class Estimates:
-    """Exponential moving averages learned from finished calls and transitions."""
-
-    bytes_per_s: dict[tuple[NodeId, Direction], float] = field(default_factory=dict)
-    service_s: dict[tuple[JobId, Function], float] = field(default_factory=dict)
-
-    def observe_transfer(self, node: NodeId, direction: Direction, bytes_per_s: float,
-                         alpha: float) -> "Estimates":
-        table = dict(self.bytes_per_s)
-        old = table.get((node, direction))
-        table[(node, direction)] = bytes_per_s if old is None else old + alpha * (bytes_per_s - old)
-        return replace(self, bytes_per_s=table)
-
-    def observe_service(self, job: JobId, function: Function, seconds: float,
-                        alpha: float) -> "Estimates":
-        table = dict(self.service_s)
-        old = table.get((job, function))
-        table[(job, function)] = seconds if old is None else old + alpha * (seconds - old)
-        return replace(self, service_s=table)
 
 
 def lane_bytes(cluster: ClusterSpec, wg: WorkerGroupId, direction: Direction,
@@ -53,7 +27,7 @@ def lane_bytes(cluster: ClusterSpec, wg: WorkerGroupId, direction: Direction,
     return num_bytes / max(1, lanes)
 
 
-def transfer_s(snap: "Snapshot", wg: WorkerGroupId, src: Tier, dst: Tier, num_bytes: float) -> float:
+def transfer_s(snap: Snapshot, wg: WorkerGroupId, src: Tier, dst: Tier, num_bytes: float) -> float:
     """Expected seconds of one transition, at the learned bandwidth (else the nominal one)."""
     node = snap.cluster.node_of(wg)
     learned = {d: snap.estimates.bytes_per_s.get((node.node, d)) or bw
@@ -72,7 +46,7 @@ def transition_s(cluster: ClusterSpec, wg: WorkerGroupId, src: Tier, dst: Tier, 
     return latency_s + lane_bytes(cluster, wg, direction, num_bytes) / bytes_per_s[direction]
 
 
-def service_s(snap: "Snapshot", call: "CallView") -> float:
+def service_s(snap: Snapshot, call: CallView) -> float:
     """Expected service time of a call: its job's history if any, else a cold estimate."""
     warm = snap.estimates.service_s.get((call.job, call.function))
     if warm is not None:
@@ -80,7 +54,7 @@ def service_s(snap: "Snapshot", call: "CallView") -> float:
     return cold_service_s(snap, call)
 
 
-def cold_service_s(snap: "Snapshot", call: "CallView") -> float:
+def cold_service_s(snap: Snapshot, call: CallView) -> float:
     """A spec-only estimate (docs/design.md): FLOPs at an assumed MFU, decode at an assumed batch."""
     spec = snap.jobs[call.job].spec.model(call.role).spec
     group = snap.cluster.worker_groups[call.wg]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from plexrl.core.cluster import ClusterSpec
-from plexrl.core.costs import Estimates
+from plexrl.core.estimates import Estimates
 from plexrl.core.jobs import JobSpec
 from plexrl.protocol import (COPY_OF, CallId, Copy, Function, JobId, NodeId, Role, StateKey, Tier,
                              WorkerGroupId)

@@ -37,7 +37,7 @@ class RuntimeConfig:
     threads: int = option(1, unit="count", min=1, doc="torch threads of each service actor")
     device_cores: tuple[int, ...] = option(
         (), unit="count", min=0, doc="emulated devices: the CPU cores services compute on, `threads` per worker "
-        "group in order, kept for them by plexrl.runtime.cores.reserve; empty: not pinned")
+        "group in order, kept for them by plexrl.runtime.workers.cores.reserve; empty: not pinned")
     group_spread: str = option("spread", choices=("spread", "strict-spread", "pack"),
                                doc="how worker groups spread over the Ray cluster's nodes")
     queue_policy: str = option("hrrs", choices=("hrrs", "fcfs", "round-robin"))
@@ -55,7 +55,7 @@ class RuntimeConfig:
     skip_onload: tuple[str, ...] = option(
         (), doc="fault injection for tests: States whose onload copies no bytes (zeroed)")
     fail_at: tuple[str, ...] = option(
-        (), doc="fault injection for tests: store failure points, each fires once (tiers.py)")
+        (), doc="fault injection for tests: store failure points, each fires once (tiers/store.py)")
     bytes_per_s: float = option(8e9, unit="bytes/s", min=1,
                                 doc="nominal host<->device copy rate, until measured")
     lease_s: float = option(30.0, unit="s", min=0.1,

@@ -242,7 +242,7 @@ def create_controller(config, name: str = CONTROLLER_NAME, timeout_s: float = 12
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from plexrl.runtime.controller import Controller
+    from plexrl.runtime.control.controller import Controller
     handle = ray.remote(Controller).options(
         name=name, namespace="plexrl", lifetime="detached", num_cpus=0, max_concurrency=1000,
         scheduling_strategy=NodeAffinitySchedulingStrategy(

@@ -32,8 +32,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from plexrl.errors import CallError, ServiceLost
 from plexrl.protocol import CallRequest, JobRequest, Ticket
 from plexrl.runtime.config import RuntimeConfig
-from plexrl.runtime.controller import Controller
-from plexrl.runtime.executor import DEVICE_RESOURCE
+from plexrl.runtime.control.controller import Controller
+from plexrl.runtime.control.executor import DEVICE_RESOURCE
 
 NAMESPACE = "plexrl"
 

@@ -171,8 +171,8 @@ class MeasuredConfig:
 
     ``plexrl sim`` on a scenario with this table predicts the run's device-seconds per
     training step, each job alone and all together, and each job's slowdown, over the steps
-    after the scenario's ``warmup_steps`` up to ``num_steps`` (plexrl/sim/measured.py).
-    Written by plexrl/sim/from_run.py from a run's logs."""
+    after the scenario's ``warmup_steps`` up to ``num_steps`` (plexrl/sim/experiments/measured.py).
+    Written by plexrl/sim/experiments/from_run.py from a run's logs."""
 
     run: str = option("", doc="what was measured (command, mode)")
     num_devices: int = option(1, unit="count", min=1, doc="devices of the one worker group")
@@ -306,7 +306,7 @@ def _check_measured(s: Scenario, m: MeasuredConfig, file: str) -> None:
     """Every measured job names a model and has one entry per call in each list."""
     if not m.jobs:
         raise ConfigError("a measured run needs jobs", file=file, field="measured.jobs",
-                          fix="add [measured.jobs.NAME] tables (plexrl/sim/from_run.py writes them)")
+                          fix="add [measured.jobs.NAME] tables (plexrl/sim/experiments/from_run.py writes them)")
     for name, job in m.jobs.items():
         where = f"measured.jobs.{name}"
         if job.model not in s.models:

@@ -12,8 +12,8 @@ from plexrl.core.snapshot import Snapshot
 from plexrl.errors import CallError
 from plexrl.protocol import JobId, JobRequest, Role
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
-from plexrl.runtime.controller import Controller
-from plexrl.runtime.journal import Journal
+from plexrl.runtime.control.controller import Controller
+from plexrl.runtime.control.journal import Journal
 from plexrl.runtime.models import model_spec
 
 

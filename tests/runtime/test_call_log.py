@@ -1,13 +1,13 @@
 """The controller's call log keeps its newest records, and readers that count what they have
-read take every record once, also across a drop (plexrl/runtime/call_log.py)."""
+read take every record once, also across a drop (plexrl/runtime/observe/call_log.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plexrl.runtime import observe
-from plexrl.runtime.call_log import CallLog, read_since
+from plexrl.runtime.observe import measures
+from plexrl.runtime.observe.call_log import CallLog, read_since
 
 
 def record(i: int, job: str = "a") -> dict:
@@ -46,7 +46,7 @@ def test_a_plain_list_reads_the_same():
 
 
 def test_the_tally_counts_each_call_once_across_drops():
-    log, tally = CallLog(limit=4), observe.Tally()
+    log, tally = CallLog(limit=4), measures.Tally()
     for i in range(20):
         log.append(record(i, job="a" if i % 2 else "b"))
         tally.update(log)

@@ -21,12 +21,12 @@ from safetensors.torch import load_file
 import grpo_like
 from plexrl.errors import PlexError
 from plexrl.protocol import Copy, Role, State, StateKey, Tier
-from plexrl.runtime.device import DeviceMemory, DeviceOutOfMemory
-from plexrl.runtime.disk import POINTS, DiskStore, xxh3
-from plexrl.runtime.host import HostOutOfMemory, HostStore
+from plexrl.runtime.tiers.device import DeviceMemory, DeviceOutOfMemory
+from plexrl.runtime.tiers.disk import POINTS, DiskStore, xxh3
+from plexrl.runtime.tiers.host import HostOutOfMemory, HostStore
 from plexrl.runtime.models import model_spec
-from plexrl.runtime.tiers import (ChecksumMismatch, InjectedFailure, NoDirectPath, StateStore,
-                                  UnknownState)
+from plexrl.runtime.tiers.store import (ChecksumMismatch, InjectedFailure, NoDirectPath, StateStore,
+                                        UnknownState)
 
 KIB = 1 << 10
 W = StateKey("job-1", Role.POLICY, Copy.TRAINER, State.WEIGHTS)

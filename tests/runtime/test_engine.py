@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from plexrl.errors import ConfigError
-from plexrl.runtime.engine import Engine
+from plexrl.runtime.workers.engine import Engine
 from plexrl.runtime.models import BUILTIN_CONFIGS, build_module, hf_config, model_spec
 
 PROMPTS = [[1, 5, 6], [1, 7], [3, 4, 5, 6, 7, 8], [9]]

@@ -1,4 +1,4 @@
-"""Job files (plexrl/runtime/jobspec.py): the shipped examples load; every malformed field is
+"""Job files (plexrl/runtime/submitted/jobspec.py): the shipped examples load; every malformed field is
 a ConfigError naming the file, the field, the value and a fix."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plexrl.errors import ConfigError
-from plexrl.runtime.jobspec import load_job_file, parse_bytes
+from plexrl.runtime.submitted.jobspec import load_job_file, parse_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """

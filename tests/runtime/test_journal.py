@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from plexrl.protocol import CallRequest, Copy, Function, JobRequest, ModelSpec, Role
-from plexrl.runtime.journal import Journal
-from plexrl.runtime.recent import CallRecords, Outcome
+from plexrl.runtime.control.journal import Journal
+from plexrl.runtime.workers.recent import CallRecords, Outcome
 
 SPEC = ModelSpec(name="m", total_params=1e3, active_params=1e3, num_layers=1, kv_heads=1,
                  head_dim=4, source="simulated")

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from plexrl.protocol import Function
-from plexrl.runtime import observe
+from plexrl.runtime.observe import measures
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 import core_builders as cb  # noqa: E402
@@ -23,13 +23,13 @@ def rec(job, queued, start, end, wg="g0"):
 
 
 def test_interval_union_and_difference():
-    assert observe.union_s([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
-    assert observe.minus([(0, 4)], [(1, 2), (3, 5)]) == [(0, 1), (2, 3)]
+    assert measures.union_s([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
+    assert measures.minus([(0, 4)], [(1, 2), (3, 5)]) == [(0, 1), (2, 3)]
 
 
 def test_slowdown_counts_only_the_time_a_job_waited_with_nothing_of_it_running():
     calls = [rec("a", 0.0, 0.0, 1.0), rec("b", 0.2, 1.0, 1.5), rec("a", 1.1, 1.5, 2.0)]
-    slow = observe.slowdowns(calls, (), (), now=3.0, live={"a"})
+    slow = measures.slowdowns(calls, (), (), now=3.0, live={"a"})
     assert slow["b"] == pytest.approx({"elapsed_s": 1.3, "blocked_s": 0.8, "slowdown": 1.3 / 0.5,
                                        "num_calls": 1})
     assert slow["a"] == pytest.approx({"elapsed_s": 3.0, "blocked_s": 0.4, "slowdown": 3.0 / 2.6,
@@ -38,22 +38,22 @@ def test_slowdown_counts_only_the_time_a_job_waited_with_nothing_of_it_running()
 
 def test_saving_compares_held_device_seconds_with_each_job_alone_for_its_unblocked_time():
     calls = [rec("a", 0.0, 0.0, 1.0), rec("b", 0.0, 1.0, 2.0)]
-    slow = observe.slowdowns(calls, (), (), now=2.0, live=set())
-    got = observe.saving(calls, slow, {"g0": 2}, now=2.0)
+    slow = measures.slowdowns(calls, (), (), now=2.0, live=set())
+    got = measures.saving(calls, slow, {"g0": 2}, now=2.0)
     assert got == pytest.approx({"shared_device_s": 4.0, "isolated_device_s": 2 * (1 + 1),
                                  "saving_frac": 0.0})
     idle = calls + [rec("a", 3.0, 3.0, 4.0)]   # a waits 2 s on its driver: held, not blocked
-    slow = observe.slowdowns(idle, (), (), now=4.0, live=set())
-    assert observe.saving(idle, slow, {"g0": 1}, now=4.0)["saving_frac"] == pytest.approx(
+    slow = measures.slowdowns(idle, (), (), now=4.0, live=set())
+    assert measures.saving(idle, slow, {"g0": 1}, now=4.0)["saving_frac"] == pytest.approx(
         1 - 4.0 / (4.0 + 1.0))
 
 
 def test_switches_and_utilisation():
     calls = [rec("a", 0, 0, 1), rec("b", 0, 1, 2), rec("b", 0, 2, 3), rec("a", 0, 3, 4),
              rec("c", 0, 0, 4, wg="g1")]
-    assert observe.switches(calls) == {"g0": 2, "g1": 0}
-    assert observe.busy_s(calls[:2], since=0.5, until=3.0) == pytest.approx(1.5)
-    assert observe.busy_s([], since=0.0, until=3.0, running_since=2.0) == pytest.approx(1.0)
+    assert measures.switches(calls) == {"g0": 2, "g1": 0}
+    assert measures.busy_s(calls[:2], since=0.5, until=3.0) == pytest.approx(1.5)
+    assert measures.busy_s([], since=0.0, until=3.0, running_since=2.0) == pytest.approx(1.0)
 
 
 def test_a_queued_call_says_why_it_waits():
@@ -62,8 +62,8 @@ def test_a_queued_call_says_why_it_waits():
     snap = cb.queue(snap, 2, "b", 1, Function.GENERATE)      # b's call #0 has not come
     snap = cb.queue(snap, 3, "b", 0, Function.GENERATE)
     snap = cb.dispatch(snap, 1)
-    assert observe.wait_reason(snap, cb.call_view(snap, 2)) == "after its job's call #0 on policy/rollout"
-    assert observe.wait_reason(snap, cb.call_view(snap, 3)) == "group busy: a generate"
+    assert measures.wait_reason(snap, cb.call_view(snap, 2)) == "after its job's call #0 on policy/rollout"
+    assert measures.wait_reason(snap, cb.call_view(snap, 3)) == "group busy: a generate"
 
 
 class Live:
@@ -89,14 +89,14 @@ def shared_runs(draw):
 
 @given(shared_runs(), st.lists(st.floats(0, 12), max_size=6))
 def test_the_running_tally_reads_each_record_once_and_agrees_with_a_fresh_one(calls, times):
-    tally, log = observe.Tally(), sorted(calls, key=lambda c: c["end_s"])
+    tally, log = measures.Tally(), sorted(calls, key=lambda c: c["end_s"])
     for now in sorted(times) + [log[-1]["end_s"] + 1]:
         done = [c for c in log if c["end_s"] <= now]
         running = [Live(c) for c in log if c["start_s"] <= now < c["end_s"]]
         queued = [Live(c) for c in log if c["queued_s"] <= now < c["start_s"]]
         tally.update(done)
         got = tally.slowdowns(running, queued, now, live={"a", "b"})
-        fresh = observe.slowdowns(done, running, queued, now, live={"a", "b"})
+        fresh = measures.slowdowns(done, running, queued, now, live={"a", "b"})
         assert got.keys() == fresh.keys()
         for job in got:
             assert got[job] == pytest.approx(fresh[job], abs=1e-9), job

@@ -10,9 +10,9 @@ import asyncio
 import pytest
 
 from plexrl.protocol import CallRequest, Copy, Function, Role, State
-from plexrl.runtime.jobs import CallOrder
+from plexrl.runtime.workers.order import CallOrder
 from plexrl.runtime.models import model_spec
-from plexrl.runtime.service_actor import ServiceActor
+from plexrl.runtime.workers.actor import ServiceActor
 
 
 def order(seq: int, after: int | None = None) -> CallOrder:

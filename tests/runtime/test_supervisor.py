@@ -1,4 +1,4 @@
-"""The child-process supervisor (plexrl/runtime/supervisor.py): output in the log, exit
+"""The child-process supervisor (plexrl/runtime/submitted/supervisor.py): output in the log, exit
 status recorded, the whole process group ended on kill."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import re
 import signal
 
-from plexrl.runtime.supervisor import ChildProcess
+from plexrl.runtime.submitted.supervisor import ChildProcess
 
 
 def run(coro):

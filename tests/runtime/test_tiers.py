@@ -20,9 +20,9 @@ from hypothesis import given, strategies as st
 
 from plexrl.errors import PlexError
 from plexrl.protocol import Copy, Role, State, StateKey, Tier
-from plexrl.runtime.device import DeviceMemory, DeviceOutOfMemory, dispatch_reserve_bytes
-from plexrl.runtime.host import HostOutOfMemory, HostStore
-from plexrl.runtime.tiers import NoDirectPath, NotResident, StateBusy, StateStore, UnknownState
+from plexrl.runtime.tiers.device import DeviceMemory, DeviceOutOfMemory, dispatch_reserve_bytes
+from plexrl.runtime.tiers.host import HostOutOfMemory, HostStore
+from plexrl.runtime.tiers.store import NoDirectPath, NotResident, StateBusy, StateStore, UnknownState
 
 MIB = 1 << 20
 W = StateKey("job-1", Role.POLICY, Copy.TRAINER, State.WEIGHTS)

@@ -1,4 +1,4 @@
-"""Fair accounting (``plexrl.sim.accounting``): every allocated GPU-second is charged once.
+"""Fair accounting (``plexrl.sim.experiments.accounting``): every allocated GPU-second is charged once.
 
 Unit tests on hand-built traces pin down how a group's seconds are split (by held time, an
 idle window evenly, only the part of a call inside the window); the simulated modes of
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from plexrl.protocol import Function, JobId, WorkerGroupId
-from plexrl.sim.accounting import Window, charge, measurement_window, steps_in
-from plexrl.sim.experiment import fixed_sizes, run_mode
-from plexrl.sim.loop import CallRecord, Trace
+from plexrl.sim.experiments.accounting import Window, charge, measurement_window, steps_in
+from plexrl.sim.experiments.experiment import fixed_sizes, run_mode
+from plexrl.sim.experiments.loop import CallRecord, Trace
 from plexrl.sim.scenario import MODES, load_scenario
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-e2e.toml"

@@ -1,5 +1,5 @@
-"""A run's call log exported as a [measured] scenario (plexrl/sim/from_run.py) loads, and
-its replay (plexrl/sim/measured.py) reproduces what a synthetic log says and predicts sharing.
+"""A run's call log exported as a [measured] scenario (plexrl/sim/experiments/from_run.py) loads, and
+its replay (plexrl/sim/experiments/measured.py) reproduces what a synthetic log says and predicts sharing.
 
 Synthetic logs: each job's step is the five GRPO calls, each issued a known gap after the
 previous result and taking a known time, one at a time, as bench/multiplexing.py's driver
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from plexrl.cli import main as cli_main
 from plexrl.errors import ConfigError
 from plexrl.protocol import ModelSpec
-from plexrl.sim.from_run import RunInfo, export, job_shape
-from plexrl.sim.measured import predict
+from plexrl.sim.experiments.from_run import RunInfo, export, job_shape
+from plexrl.sim.experiments.measured import predict
 from plexrl.sim.scenario import load_scenario
 
 FUNCTIONS = ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights")

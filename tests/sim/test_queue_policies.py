@@ -17,7 +17,7 @@ from functools import cache
 
 import pytest
 
-from plexrl.sim.queue_study import LoadPoint, load_values, seeds, study
+from plexrl.sim.experiments.queue_study import LoadPoint, load_values, seeds, study
 from plexrl.sim.scenario import load_scenario
 
 SCENARIOS = ("queues-mixed", "queues-agentic")

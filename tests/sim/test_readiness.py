@@ -1,4 +1,4 @@
-"""When a call became runnable (plexrl/sim/readiness.py), and the rollout memo the queue
+"""When a call became runnable (plexrl/sim/experiments/readiness.py), and the rollout memo the queue
 study shares between runs (SimJob.rollout_memo)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 
 from plexrl.core.snapshot import CallView
 from plexrl.protocol import Function, Role
-from plexrl.sim.experiment import core_config, fixed_sizes
-from plexrl.sim.loop import CallRecord
-from plexrl.sim.modes import build_layout
-from plexrl.sim.queue_study import MODE, at_load
-from plexrl.sim.readiness import readiness, simulate_recorded
+from plexrl.sim.experiments.experiment import core_config, fixed_sizes
+from plexrl.sim.experiments.loop import CallRecord
+from plexrl.sim.experiments.modes import build_layout
+from plexrl.sim.experiments.queue_study import MODE, at_load
+from plexrl.sim.experiments.readiness import readiness, simulate_recorded
 from plexrl.sim.scenario import load_scenario
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from plexrl.cli.main import main
-from plexrl.sim import trace_report as tr
-from plexrl.sim.replay import STRATEGIES, StepRates, replay, replay_calls
+from plexrl.sim.cluster import trace_report as tr
+from plexrl.sim.cluster.replay import STRATEGIES, StepRates, replay, replay_calls
 from plexrl.sim.scenario import load_scenario
 
 TINY = str(Path(__file__).parent.parent / "data" / "tiny-trace.toml")

@@ -1,4 +1,4 @@
-"""The paper-e2e report (``plexrl.sim.report``) and the scenario files it runs on.
+"""The paper-e2e report (``plexrl.sim.experiments.report``) and the scenario files it runs on.
 
 - a golden file: the report of tests/data/tiny-e2e.toml, every float within 1e-6 relative,
   everything else exact. After a deliberate change of the model, regenerate it with
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from plexrl.sim.report import build_report, render_table
+from plexrl.sim.experiments.report import build_report, render_table
 from plexrl.sim.scenario import load_scenario
 
 TESTS = Path(__file__).resolve().parents[1]

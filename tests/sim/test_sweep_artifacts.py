@@ -1,4 +1,4 @@
-"""The sweep (``plexrl.sim.sweep``) and the ``--out`` artifacts (``plexrl.sim.artifacts``).
+"""The sweep (``plexrl.sim.experiments.sweep``) and the ``--out`` artifacts (``plexrl.sim.experiments.artifacts``).
 
 Runs on tests/data/tiny-sweep.toml: paper-e2e's 7B and 235B tables with small batches,
 4 steps, and a 2 axes x 2 values x 2 seeds sweep, so the whole file takes seconds.
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from plexrl.errors import ConfigError
-from plexrl.sim import sweep as sweep_module
-from plexrl.sim.artifacts import write_artifacts
-from plexrl.sim.report import build_report
+from plexrl.sim.experiments import sweep as sweep_module
+from plexrl.sim.experiments.artifacts import write_artifacts
+from plexrl.sim.experiments.report import build_report
 from plexrl.sim.scenario import load_scenario
-from plexrl.sim.sweep import expand, render_sweep, run_sweep, variant
+from plexrl.sim.experiments.sweep import expand, render_sweep, run_sweep, variant
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-sweep.toml"
 MODELS = ["Qwen2.5-7B-Instruct", "Qwen3-235B-A22B"]

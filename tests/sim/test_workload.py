@@ -1,4 +1,4 @@
-"""Tests of plexrl.sim.workload: the decode roofline, length draws and the rollout simulator.
+"""Tests of plexrl.sim.experiments.workload: the decode roofline, length draws and the rollout simulator.
 
 The rollout simulator is checked against a slow per-token reference written here from the
 rules in the module docstring (same admission, same step formula, stalls noticed at step
@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from plexrl.errors import ConfigError
-from plexrl.sim.workload import (
-    DecodeModel, ToolCalls, ToolModel, sample_lengths, sample_tool_calls, simulate_rollout,
-)
+from plexrl.sim.experiments.workload import (
+                                             DecodeModel, ToolCalls, ToolModel, sample_lengths, sample_tool_calls, simulate_rollout,
+                                             )
 
 GB = 1e9
 

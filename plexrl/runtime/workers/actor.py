@@ -1,0 +1,256 @@
+"""The asyncio shell of a service actor: where a job's call meets the controller's go.
+
+Owns: the rendezvous of each call, keyed by (job, sequence number). The job's client sends
+the call with its payload straight to the service of its worker group (``run``); the
+controller, when the core dispatches the call, sends ``go`` with the call's place in its
+job's order. The call runs once both have arrived, and its result goes back to the job
+directly: neither its payload nor its result ever passes through the controller, which
+gets a small record (``go``'s answer) to fold. Calls compute on one thread and transitions
+copy on another, so prefetch overlaps the running call. The service (and so torch) is
+imported in this actor's process only; the controller that starts it never imports torch.
+A service remembers the outcome of its recent calls (``recent.py``): a call id ``(job, seq)``
+that comes again -- the client resending its call, or a restarted controller sending its go
+again -- is answered from that record and never runs twice. ``holdings`` tells a restarted
+controller what this service holds (jobs, States and their tiers, versions, which calls ran)
+once every call and transition already started here has finished. ``engine="simulated"``
+hosts ``plexrl.runtime.workers.simulated.SimulatedService`` instead (no torch) behind this shell.
+Must not know: scheduling, or what a call computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from plexrl.protocol import Function
+from plexrl.runtime.workers.cores import pin_thread
+from plexrl.runtime.workers.recent import CallRecords, Outcome
+
+
+class _Rendezvous:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.payload: asyncio.Future = loop.create_future()   #: set when the job's call arrives
+        self.result: asyncio.Future = loop.create_future()    #: set when it ran (or failed)
+        self.record: asyncio.Future = loop.create_future()    #: what ``go`` answers, once ran
+        #: set once it is handed to the compute thread, or once it never will be
+        self.handed: asyncio.Future = loop.create_future()
+        self.started = False                                  #: a go is running it
+        self.waiters = 0                                      #: ``run`` calls awaiting it
+
+
+class ServiceActor:
+    def __init__(self, *args, engine: str = "torch", recent_calls: int = 256,
+                 call_s: float = 0.0, cores: tuple[int, ...] = ()):
+        if engine == "simulated":
+            from plexrl.runtime.workers.simulated import SimulatedService
+            self._service = SimulatedService(*args, call_s=call_s)
+        else:
+            from plexrl.runtime.workers.service import Service
+            self._service = Service(*args)
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute",
+                                           initializer=pin_thread, initargs=(cores,))
+        self._copy = ThreadPoolExecutor(1, thread_name_prefix="copy")
+        self._calls: dict[tuple[str, int], _Rendezvous] = {}
+        self.records = CallRecords(recent_calls)
+        self._checkpoints: dict[str, tuple[int, str]] = {}   #: job -> (every N versions, dir)
+        self._bound: set[str] = set()                         #: jobs with States here
+
+    async def ping(self) -> bool:
+        """Alive (answers at once, whatever runs)."""
+        return True
+
+    async def ready(self) -> dict:
+        return await self._on(self._compute, self._service.ready)
+
+    async def bind(self, job: str, *args) -> None:
+        await self._on(self._compute, self._service.bind, job, *args)
+        self._bound.add(job)
+
+    async def unbind(self, job: str, err: Exception) -> None:
+        """Forget a job: its calls still waiting here fail with ``err``."""
+        self._bound.discard(job)
+        for (owner, _), slot in list(self._calls.items()):
+            if owner != job:
+                continue
+            if not slot.result.done():
+                slot.result.set_exception(err)
+            _resolve(slot.handed)
+        await self._on(self._compute, self._service.unbind, job)
+        self.records.forget(job)
+        self._checkpoints.pop(job, None)
+
+    # -- calls -------------------------------------------------------------------------------
+    async def run(self, request, payload):
+        """A job's call: waits for the controller's go, then answers the job with its result.
+        A call id seen before is answered from the service's record (or waits for the run
+        already under way): a resent call never runs twice."""
+        self._service.check_token(request)
+        done = self.records.get(request.job, request.seq)
+        if done is not None:
+            return _answer(done)
+        slot = self._slot(request.job, request.seq)
+        if not slot.payload.done():
+            slot.payload.set_result(payload)
+        slot.waiters += 1
+        try:
+            return await asyncio.shield(slot.result)
+        finally:
+            slot.waiters -= 1
+            if slot.waiters == 0 and slot.record.done():
+                self._calls.pop((request.job, request.seq), None)
+
+    async def go(self, order) -> dict:
+        """The controller dispatched ``order``: run it once its payload is here. A go for a
+        call that ran (or runs) already answers that run's record."""
+        request = order.request
+        done = self.records.get(request.job, request.seq)
+        if done is not None and done.record is not None:
+            return done.record
+        slot = self._slot(request.job, request.seq)
+        if slot.started:
+            return await asyncio.shield(slot.record)
+        slot.started = True
+        payload = await slot.payload
+        if order.after is not None:   # sent behind that call: it goes to the compute thread first
+            await self._handed(*order.after)
+        self.records.executed(request.job, request.seq)
+        began = []   # when the compute thread takes it up (a call sent behind another waits)
+
+        def run():
+            began.append(time.perf_counter())
+            return self._run(order, payload)
+        running = asyncio.get_running_loop().run_in_executor(self._compute, run)
+        _resolve(slot.handed)   # in line on the compute thread, which runs calls in turn
+        try:
+            result, saved = await running
+        except Exception as err:   # the job reads it from its result; the controller goes on
+            record = {"duration_s": _since(began), "failed": type(err).__name__}
+            self._settle(slot, request, Outcome(error=err, record=record))
+            return record
+        record = {"duration_s": _since(began), "failed": "", "saved": saved}
+        self._settle(slot, request, Outcome(result=result, record=record))
+        return record
+
+    def _run(self, order, payload):
+        """Run the call; after an OPTIM_STEP that makes a version the job checkpoints at,
+        write the checkpoint before any other call of this group runs."""
+        request = order.request
+        result = self._service.run(order, payload)
+        saved = None
+        if request.function == Function.SAVE:
+            saved = {"role": str(request.role), "path": str(request.option("path")),
+                     "version": int(result.get("optim_steps", 0))}
+        every, where = self._checkpoints.get(request.job, (0, ""))
+        if request.function == Function.OPTIM_STEP and every:
+            version = int(result.get("version", 0))
+            if version % every == 0:
+                path = f"{where}/{request.job}-{request.role}-v{version}.safetensors"
+                self._service.checkpoint(request.job, request.role, path)
+                saved = {"role": str(request.role), "path": path, "version": version}
+        return result, saved
+
+    async def _handed(self, job: str, seq: int) -> None:
+        """Until call ``seq`` of ``job`` is in line on the compute thread (at once if it ran,
+        or if its job is gone from here)."""
+        if job in self._bound and self.records.get(job, seq) is None:
+            await asyncio.shield(self._slot(job, seq).handed)
+
+    def _settle(self, slot: _Rendezvous, request, outcome: Outcome) -> None:
+        _resolve(slot.handed)
+        self.records.finished(request, outcome)
+        if not slot.result.done():
+            if outcome.error is not None:
+                slot.result.set_exception(outcome.error)
+            else:
+                slot.result.set_result(outcome.result)
+        if not slot.record.done():
+            slot.record.set_result(outcome.record)
+        if slot.waiters == 0:
+            self._calls.pop((request.job, request.seq), None)
+
+    async def checkpoints(self, job: str, every: int, where: str) -> None:
+        """Write a checkpoint of ``job``'s trainer copies to ``where`` every ``every``
+        weight versions (0: never)."""
+        if every:
+            self._checkpoints[job] = (every, where)
+
+    async def fail(self, job: str, seq: int, err: Exception) -> None:
+        """The controller refused the call: its job gets ``err``."""
+        slot = self._slot(job, seq)
+        if not slot.result.done():
+            slot.result.set_exception(err)
+            slot.result.exception()   # read: a refusal nobody waits for is not an error
+        if not slot.record.done():
+            slot.record.set_result(None)
+        _resolve(slot.handed)
+
+    # -- transitions and records -------------------------------------------------------------
+    async def moves(self, batch: list[tuple]) -> list:
+        """Moves the controller decided together, one after another on the copy thread; each
+        answers its record, or the error it raised (the others still run)."""
+        def run() -> list:
+            out = []
+            for args in batch:
+                try:
+                    out.append(self._service.move(*args))
+                except Exception as err:   # noqa: BLE001 -- answered per move
+                    out.append(err)
+            return out
+        return await self._on(self._copy, run)
+
+    async def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
+        return self._service.transitions(failed, start)
+
+    async def stats(self) -> dict:
+        return self._service.stats()
+
+    async def holdings(self) -> dict:
+        """What this service holds, once every call and transition already started here has
+        finished (a barrier on both threads): per job, its States (tier, version), the next
+        call on each model copy, and the calls it ran recently with their records."""
+        await self._on(self._copy, lambda: None)
+        while any(slot.started and not slot.record.done() for slot in self._calls.values()
+                  if slot.payload.done()):
+            await asyncio.sleep(0.01)
+        await self._on(self._compute, lambda: None)
+        held = await self._on(self._compute, self._service.holdings)
+        for job, hosted in held.items():
+            hosted["ran"] = self.records.of_job(job)
+            hosted["versions"] = {role: v for (owner, role), v in self.records.versions.items()
+                                  if owner == job}
+        return held
+
+    async def executions(self) -> dict:
+        """How many times calls really ran: the total, and the call ids that ran twice."""
+        return {"total": sum(self.records.executions.values()),
+                "repeated": self.records.repeated()}
+
+    async def close(self) -> None:
+        await self._on(self._compute, self._service.close)
+
+    def _slot(self, job: str, seq: int) -> _Rendezvous:
+        key = (job, seq)
+        if key not in self._calls:
+            self._calls[key] = _Rendezvous(asyncio.get_running_loop())
+        return self._calls[key]
+
+    @staticmethod
+    async def _on(pool: ThreadPoolExecutor, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _answer(outcome: Outcome):
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.result
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _since(began: list) -> float:
+    now = time.perf_counter()
+    return now - began[0] if began else 0.0

@@ -1,0 +1,319 @@
+"""The service actor of one worker group: runs the calls of every job bound to it, and moves
+their States between tiers when the controller says so.
+
+Owns: the jobs bound here (their token, an ``Engine`` per model, a sampling ``torch.Generator``
+per policy, the number of optimizer steps applied), the check that a call carries its job's
+token and comes in its job's order, running each Function on the flat State buffers of the
+``StateStore``, the device reserve a call holds while it runs, and a log of every transition
+(which bytes went from which storage to which: a buffer's address, or a spill file's path,
+with the checksum of spilled and restored bytes). Its spill files live under ``spill_root``. Runs as a threaded Ray actor: a call computes
+on one thread while prefetch copies other States on another.
+Must not know: the Snapshot, policies, other worker groups, why a call or a move was chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import torch
+from safetensors.torch import load_file, save_file
+
+from plexrl.errors import CallError, PlexError
+from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role, State,
+                             StateKey, Tier)
+from plexrl.runtime.workers.engine import Engine
+from plexrl.runtime.workers.order import CallOrder, copies_of, hosted_job, take_turn
+from plexrl.runtime.tiers.device import DeviceMemory
+from plexrl.runtime.tiers.disk import DiskStore
+from plexrl.runtime.tiers.host import HostStore
+from plexrl.runtime.tiers.store import StateStore
+
+
+@dataclass
+class HostedModel:
+    engine: Engine
+    generator: torch.Generator   #: the job's sampling generator (policy)
+    initial_weights: torch.Tensor | None  #: version 0 of both copies, until both exist
+    bound: set[Copy] = field(default_factory=set)
+    optim_steps: int = 0         #: OPTIM_STEPs applied to the trainer copy
+    rollout_version: int = 0     #: version installed in the rollout copy
+
+
+@dataclass
+class HostedJob:
+    token: str
+    models: dict[Role, HostedModel] = field(default_factory=dict)
+    next_seq: dict[tuple[Role, Copy], int] = field(default_factory=dict)  #: per model copy
+
+
+class Service:
+    def __init__(self, wg: str, budget_bytes: int, host_root: str, threads: int,
+                 skip_onload: tuple[str, ...] = (), spill_root: str | None = None,
+                 fail_at: tuple[str, ...] = ()):
+        torch.set_num_threads(threads)
+        self.wg, self.threads = wg, threads
+        self.store = StateStore(DeviceMemory(budget_bytes), HostStore(host_root),
+                                disk=DiskStore(spill_root) if spill_root else None,
+                                fail_at=fail_at)
+        self.skip_onload = set(skip_onload)
+        self.jobs: dict[JobId, HostedJob] = {}
+        self.log: list[dict] = []
+        self.failed: list[dict] = []   #: transitions that raised, in order
+        self._lock = threading.Lock()
+
+    def ready(self) -> dict:
+        return {"wg": self.wg, "pid": os.getpid(), "threads": torch.get_num_threads()}
+
+    def close(self) -> None:
+        self.store.host.close()
+        if self.store.disk is not None:
+            self.store.disk.close()
+
+    # -- jobs ---------------------------------------------------------------------------------
+    def bind(self, job: JobId, token: str, role: Role, copy: Copy, spec: ModelSpec, seed: int,
+             sizes: dict[State, int], tiers: dict[State, Tier] | None = None) -> None:
+        """Create one copy's States: the seeded initial weights, zero grads and moments, each
+        on the tier the core put it (``tiers``; HOST where not given).
+
+        Serialised: building a model seeds torch's global generator, which two threads must
+        not do at once (the weights would depend on their interleaving)."""
+        with self._lock:
+            hosted = self.jobs.setdefault(job, HostedJob(token))
+            if role not in hosted.models:
+                engine = Engine(spec, seed=_seed_of(seed, role))
+                hosted.models[role] = HostedModel(engine, torch.Generator().manual_seed(seed),
+                                                  engine.initial_weights())
+            model = hosted.models[role]
+            self._create(job, role, copy, model, sizes, tiers or {})
+            model.bound.add(copy)
+            if model.bound == set(copies_of(role, spec)):
+                model.initial_weights = None
+
+    def _create(self, job: JobId, role: Role, copy: Copy, model: "HostedModel",
+                sizes: dict[State, int], tiers: dict[State, Tier]) -> None:
+        engine = model.engine
+        shapes = {State.WEIGHTS: engine.numel, State.GRADS: engine.numel,
+                  State.OPTIMIZER: engine.optimizer_numel}
+        for state, num_bytes in sizes.items():
+            if state == State.KV_CACHE:
+                continue   # reserved per call (workspace), never a standing buffer
+            if num_bytes != 4 * shapes[state]:
+                raise CallError(f"job {job}: the core counts {num_bytes} bytes for {state} of "
+                                f"{role}/{copy}, the engine needs {4 * shapes[state]}; either the "
+                                "ModelSpec does not describe this model (build it with "
+                                "plexrl.runtime.models.model_spec) or the worker group holds "
+                                "several data-parallel replicas, and a service runs one: give "
+                                "it one device per replica (tp x pp)", job=job)
+            init = model.initial_weights if state == State.WEIGHTS else num_bytes
+            self.store.create(_name(StateKey(job, role, copy, state)), init,
+                              tier=tiers.get(state, Tier.HOST))
+
+    def holdings(self) -> dict:
+        """Per job: its token, each State's (tier, version) keyed "role/copy/state", and the
+        next call on each model copy ("role/copy"); read by a restarted controller."""
+        held = {}
+        for job, hosted in self.jobs.items():
+            keys = set(self.store.keys())
+            states = {}
+            for role, model in hosted.models.items():
+                for copy in model.bound:
+                    version = model.rollout_version if copy == Copy.ROLLOUT else model.optim_steps
+                    for state in State:
+                        name = _name(StateKey(job, role, copy, state))
+                        if name in keys:
+                            states[f"{role}/{copy}/{state}"] = (str(self.store.where(name)),
+                                                                 version)
+            held[job] = {"token": hosted.token, "states": states,
+                         "next_seq": {f"{r}/{c}": n for (r, c), n in hosted.next_seq.items()}}
+        return held
+
+    def checkpoint(self, job: JobId, role: Role, path: str) -> dict:
+        """Write the job's trainer copy to ``path`` as SAVE does (a DISK checkpoint)."""
+        hosted = self.jobs[job]
+        request = CallRequest(job, hosted.token, -1, Function.SAVE, Role(role),
+                              options=(("path", path),))
+        return self._save(request, hosted.models[Role(role)], None)
+
+    def unbind(self, job: JobId) -> None:
+        with self._lock:
+            self.jobs.pop(job, None)
+        self.store.forget(job)
+
+    # -- transitions --------------------------------------------------------------------------
+    def move(self, key: StateKey, src: Tier, dst: Tier, reason: str) -> dict:
+        """Copy a State into storage of the other tier; logs both buffers' addresses."""
+        name = _name(key)
+        before = self.store.location(name)
+        started = time.monotonic()
+        try:
+            moved = self.store.move(name, dst)
+        except Exception as err:   # the previous copy stays current; the controller replans
+            self.failed.append({"key": str(key), "src": str(src), "dst": str(dst),
+                                "error": type(err).__name__})
+            raise
+        if key.copy == Copy.ROLLOUT and key.state == State.WEIGHTS and dst == Tier.HOST:
+            self._save_generator(key.job)   # the sampling generator travels with its copy
+        if dst == Tier.DEVICE and str(key.state) in self.skip_onload:
+            self.store.tensor(name).zero_()   # fault injection: as if the bytes never came back
+        self.log.append({"key": str(key), "job": key.job, "wg": self.wg,
+                         "state": f"{key.copy}/{key.state}",
+                         "src": str(src), "dst": str(dst), "reason": reason,
+                         "num_bytes": moved.num_bytes, "start_s": started,
+                         "end_s": time.monotonic(),
+                         "seconds": moved.seconds, "src_ptr": before,
+                         "dst_ptr": self.store.location(name), "checksum": moved.checksum})
+        return {"seconds": moved.seconds, "num_bytes": moved.num_bytes}
+
+    def _save_generator(self, job: JobId) -> None:
+        hosted = self.jobs.get(job)
+        if hosted is not None and Role.POLICY in hosted.models:
+            self.store.save_rng(job, hosted.models[Role.POLICY].generator)
+
+    def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
+        """Every transition done (or, ``failed``, every one that raised), from the
+        ``start``-th on (metrics read only the new ones)."""
+        return (self.failed if failed else self.log)[start:]
+
+    def stats(self) -> dict:
+        """Bytes held per tier (every copy counted), States, and this process's resident memory."""
+        stats = self.store.stats()
+        return {"device_bytes": stats.device.used_bytes, "reserved_bytes": stats.device.reserved_bytes,
+                "host_bytes": stats.host_used_bytes, "disk_bytes": stats.disk_used_bytes,
+                "disk_files": stats.disk_num_files, "num_states": stats.num_states,
+                "num_copies": stats.num_copies, "jobs": sorted(self.jobs),
+                "rss_bytes": psutil.Process().memory_info().rss}
+
+    # -- calls --------------------------------------------------------------------------------
+    def run(self, order: CallOrder, payload) -> object:
+        """Run one dispatched call on its States; a bad argument is a ``CallError``."""
+        request = order.request
+        hosted = self._authorised(order)
+        model = hosted.models[request.role]
+        reserve = f"call-{order.call}"
+        self.store.device.reserve(reserve, order.workspace_bytes)
+        try:
+            return _RUNNERS[request.function](self, request, model, payload or {})
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+            if isinstance(err, PlexError):
+                raise
+            raise CallError(f"job {request.job} call {request.seq} ({request.function}) failed "
+                            f"on its arguments: {type(err).__name__}: {err}", job=request.job,
+                            seq=request.seq, function=str(request.function)) from None
+        finally:
+            self.store.device.release_reserve(reserve)
+
+    def check_token(self, request: CallRequest) -> HostedJob:
+        """The call's job, if the call carries that job's token."""
+        return hosted_job(self.jobs, self.wg, request)
+
+    def _authorised(self, order: CallOrder) -> HostedJob:
+        """The call's job, if the call carries its token and is next on its model copy."""
+        hosted = self.check_token(order.request)
+        take_turn(hosted, order)
+        return hosted
+
+    def _use(self, request: CallRequest, copy: Copy, *states: State):
+        """Pin the call's States on DEVICE for its duration (a move of them now is a bug)."""
+        return self.store.use(*(_name(StateKey(request.job, request.role, copy, s))
+                                for s in states))
+
+    def _generate(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        prompts = [list(map(int, p)) for p in _field(request, payload, "prompts")]
+        with self._use(request, Copy.ROLLOUT, State.WEIGHTS) as (weights,):
+            out = model.engine.generate(
+                weights, prompts, max_tokens=request.max_tokens,
+                temperature=float(request.option("temperature", 1.0)),
+                top_p=float(request.option("top_p", 1.0)), stop=list(request.option("stop", ())),
+                generator=model.generator)
+        return {**out, "version": model.rollout_version}
+
+    def _logprobs(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        ids = _field(request, payload, "input_ids")
+        mask = payload.get("attention_mask")
+        with self._use(request, Copy.TRAINER, State.WEIGHTS) as (weights,):
+            if model.engine.spec.head == "value":
+                return {"values": model.engine.values(weights, ids, mask)}
+            return {"logprobs": model.engine.logprobs(
+                weights, ids, mask, temperature=float(request.option("temperature", 1.0)))}
+
+    def _forward_backward(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        options = dict(request.options)
+        loss = options.pop("loss")
+        _field(request, payload, "input_ids")
+        with self._use(request, Copy.TRAINER, State.WEIGHTS, State.GRADS) as (weights, grads):
+            return model.engine.forward_backward(weights, grads, payload, loss, **options)
+
+    def _optim_step(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        with self._use(request, Copy.TRAINER, State.WEIGHTS, State.GRADS,
+                       State.OPTIMIZER) as (weights, grads, optimizer):
+            out = model.engine.optim_step(weights, grads, optimizer, **dict(request.options))
+        model.optim_steps += 1
+        return {**out, "version": model.optim_steps}
+
+    def _sync_weights(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        trainer = self.store.read(_name(StateKey(request.job, request.role, Copy.TRAINER,
+                                                 State.WEIGHTS)))
+        with self._use(request, Copy.ROLLOUT, State.WEIGHTS) as (weights,):
+            np.copyto(weights.numpy(), trainer)
+        model.rollout_version = request.version
+        return {"version": request.version}
+
+    def _save(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        path = str(request.option("path"))
+        tensors = {str(s): torch.from_numpy(np.array(self.store.read(
+                       _name(StateKey(request.job, request.role, Copy.TRAINER, s)))))
+                   for s in self._trainer_states(request)}
+        tensors["generator"] = model.generator.get_state()
+        save_file(tensors, path, metadata={"optim_steps": str(model.optim_steps),
+                                           "rollout_version": str(model.rollout_version)})
+        return {"path": path, "optim_steps": model.optim_steps}
+
+    def _load(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        path = str(request.option("path"))
+        try:
+            tensors = load_file(path)
+        except (OSError, ValueError) as err:
+            raise CallError(f"job {request.job}: cannot load {path}: {err}; fix: pass a file "
+                            "SAVE wrote", job=request.job, seq=request.seq,
+                            function="load") from None
+        states = self._trainer_states(request)
+        with self._use(request, Copy.TRAINER, *states) as buffers:
+            for state, buffer in zip(states, buffers):
+                buffer.copy_(tensors[str(state)])
+        model.generator.set_state(tensors["generator"])
+        if request.version:   # a resumed job names the version it restores
+            model.optim_steps = request.version
+        return {"path": path}
+
+    def _trainer_states(self, request: CallRequest) -> tuple[State, ...]:
+        keys = set(self.store.keys())
+        return tuple(s for s in (State.WEIGHTS, State.GRADS, State.OPTIMIZER)
+                     if _name(StateKey(request.job, request.role, Copy.TRAINER, s)) in keys)
+
+
+_RUNNERS = {Function.GENERATE: Service._generate, Function.LOGPROBS: Service._logprobs,
+            Function.FORWARD_BACKWARD: Service._forward_backward,
+            Function.OPTIM_STEP: Service._optim_step, Function.SYNC_WEIGHTS: Service._sync_weights,
+            Function.SAVE: Service._save, Function.LOAD: Service._load}
+
+
+def _name(key: StateKey) -> str:
+    return str(key)
+
+
+def _seed_of(seed: int, role: Role) -> int:
+    """A per-model seed: the job's seed and the role, stable across processes (no ``hash``)."""
+    return seed * 1009 + sum(map(ord, str(role)))
+
+
+def _field(request: CallRequest, payload, name: str):
+    if not isinstance(payload, dict) or name not in payload:
+        raise CallError(f"job {request.job} call {request.seq} ({request.function}): the payload "
+                        f"has no {name!r}", job=request.job, seq=request.seq,
+                        function=str(request.function))
+    return payload[name]

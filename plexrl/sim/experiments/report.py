@@ -1,0 +1,116 @@
+"""The paper-e2e report: per (model, mode) figures, savings, and their rendering.
+
+Owns: ``build_report`` (for every experiment of a scenario: each mode at its searched size
+and at CALIBRATION 6.4's fixed size, the savings of plexrl against split-async and of
+plexrl-on-policy against colocated, and the ideal bound), the JSON shape printed by
+``plexrl sim --format json``, and the plain-text table. The first experiment that uses a
+model provides ``models[<model>]`` and ``savings[<model>]``. Must not know: the CLI.
+"""
+
+from __future__ import annotations
+
+from plexrl.sim.experiments.experiment import (ModeResult, cheapest, core_private_gpus, fixed_sizes, tried_sizes,
+                                               with_slowdowns)
+from plexrl.sim.scenario import Scenario
+
+#: PAPER.md: GPU-hours per training step saved against split-async.
+REFERENCE_SAVING = {"Qwen2.5-7B-Instruct": 0.3136, "Qwen3-30B-A3B": 0.3010, "Qwen3-235B-A22B": 0.3758}
+#: PAPER.md: bubble ratio of the jobs.
+REFERENCE_BUBBLE = {"Qwen2.5-7B-Instruct": 0.8010, "Qwen3-30B-A3B": 0.7067, "Qwen3-235B-A22B": 0.8111}
+FIGURES = ("gpu_hours_per_step", "step_s", "bubble_frac", "decode_efficiency", "slowdown")
+SHARED_MODES = ("plexrl", "plexrl-on-policy")
+
+
+def mode_json(result: ModeResult) -> dict:
+    out = {name: round(result.mean(name), 6) for name in FIGURES}
+    out["useful_gpu_hours_per_step"] = round(result.mean("useful_gpu_hours_per_step"), 6)
+    out["sizes"] = dict(result.sizes)
+    out["jobs"] = {job: {name: round(getattr(r, name), 6) for name in FIGURES}
+                   for job, r in result.jobs.items()}
+    return out
+
+
+def _saving(ours: ModeResult | None, base: ModeResult | None) -> float | None:
+    if ours is None or base is None:
+        return None
+    return round(1 - ours.mean("gpu_hours_per_step") / base.mean("gpu_hours_per_step"), 6)
+
+
+def savings(sized: dict[str, ModeResult], fixed: dict[str, ModeResult]) -> dict:
+    split = sized.get("split-async")
+    ideal = None
+    if split is not None:
+        ideal = round(1 - split.mean("useful_gpu_hours_per_step") / split.mean("gpu_hours_per_step"), 6)
+    return {"vs_split_async": _saving(sized.get("plexrl"), split),
+            "vs_colocated": _saving(sized.get("plexrl-on-policy"), sized.get("colocated")),
+            "ideal_vs_split_async": ideal,
+            "vs_split_async_fixed": _saving(fixed.get("plexrl"), fixed.get("split-async"))}
+
+
+def run_experiment(s: Scenario, name: str, seed: int) -> tuple[dict, dict[str, ModeResult]]:
+    """Every mode of one experiment, searched and fixed, with savings; JSON-ready."""
+    exp = s.experiments[name]
+    table = s.sizes[s.workloads[exp.workloads[0]].model]
+    sized, fixed = {}, {}
+    for mode in s.modes:  # the fixed size is always among those the search tries
+        tried = tried_sizes(s, mode, exp.workloads, seed)
+        sized[mode], fixed[mode] = cheapest(tried), tried[fixed_sizes(table)]
+        if mode in SHARED_MODES:  # baseline modes share no worker group: slowdown 1 (D14)
+            sized[mode] = with_slowdowns(s, sized[mode], exp.workloads, seed)
+            fixed[mode] = with_slowdowns(s, fixed[mode], exp.workloads, seed)
+    modes = {m: mode_json(r) for m, r in sized.items()}
+    for mode in modes:
+        if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
+            modes[mode]["core_estimate_private_gpus"] = core_private_gpus(s, exp.workloads, mode, table)
+    return {"model": s.models[s.workloads[exp.workloads[0]].model].name,
+            "workloads": list(exp.workloads), "description": exp.description,
+            "modes": modes,
+            "fixed": {m: mode_json(r) for m, r in fixed.items()},
+            "savings": savings(sized, fixed)}, sized
+
+
+def build_report(s: Scenario, seed: int) -> tuple[dict, dict]:
+    """The report dict, and the searched results per experiment (for plots and timelines)."""
+    experiments, results, models, saved = {}, {}, {}, {}
+    for name in s.experiments:
+        experiments[name], results[name] = run_experiment(s, name, seed)
+        model = experiments[name]["model"]
+        if model not in models:
+            models[model] = experiments[name]["modes"]
+            saved[model] = experiments[name]["savings"]
+    reference = {m: {"vs_split_async": REFERENCE_SAVING.get(m), "bubble_frac": REFERENCE_BUBBLE.get(m)}
+                 for m in models}
+    report = {"scenario": s.name, "seed": seed, "queue_policy": s.queue_policy,
+              "savings": saved, "models": models, "reference": reference,
+              "experiments": experiments}
+    return report, results
+
+
+def _pct(x: float | None) -> str:
+    return "  n/a" if x is None else f"{100 * x:5.1f}%"
+
+
+def render_table(report: dict) -> str:
+    """A plain-text summary: one block per model, then the savings beside the reference."""
+    lines = [f"scenario {report['scenario']}  seed {report['seed']}  policy {report['queue_policy']}"]
+    head = f"  {'mode':<17}{'GPU-h/step':>11}{'step s':>9}{'bubble':>8}{'decode':>8}{'slowdown':>9}  sizes"
+    for model, modes in report["models"].items():
+        lines += ["", model, head]
+        for mode, r in modes.items():
+            sizes = " ".join(f"{k}={v}" for k, v in r["sizes"].items())
+            lines.append(f"  {mode:<17}{r['gpu_hours_per_step']:>11.3f}{r['step_s']:>9.1f}"
+                         f"{_pct(r['bubble_frac']):>8}{_pct(r['decode_efficiency']):>8}"
+                         f"{r['slowdown']:>9.3f}  {sizes}")
+    lines += ["", f"  {'model':<22}{'vs split':>9}{'(fixed)':>9}{'ideal':>8}{'vs coloc':>9}{'paper':>8}"]
+    for model, sv in report["savings"].items():
+        ref = report["reference"][model]["vs_split_async"]
+        lines.append(f"  {model:<22}{_pct(sv['vs_split_async']):>9}{_pct(sv['vs_split_async_fixed']):>9}"
+                     f"{_pct(sv['ideal_vs_split_async']):>8}{_pct(sv['vs_colocated']):>9}{_pct(ref):>8}")
+    lines += ["", "  experiments (plexrl: per-job slowdown against the job alone)"]
+    for name, exp in report["experiments"].items():
+        sv = exp["savings"]
+        slow = " ".join(f"{job}={r['slowdown']:.3f}" for job, r in exp["modes"]["plexrl"]["jobs"].items()) \
+            if "plexrl" in exp["modes"] else ""
+        lines.append(f"  {name:<18} vs split {_pct(sv['vs_split_async'])}  vs coloc "
+                     f"{_pct(sv['vs_colocated'])}  {slow}")
+    return "\n".join(lines)
