@@ -6,7 +6,7 @@ under each policy, over the scenario's ``[sweep] seeds`` seeds (calls pooled, wo
 over the seeds; plexrl/sim/experiments/queue_study.py) and prints ONE JSON object: per load point the
 offered load, and per policy the mean and p99 call wait on the shared pool (``*_wait_s``:
 start - queued; ``*_ready_wait_s``: start - when the call became runnable, the wait the
-claim is tested on, docs/design.md, D46, the share of calls that started while
+claim is tested on, docs/design.md, D46), the share of calls that started while
 another job's call waited (``contended``), each job's slowdown against the same job alone,
 and the worst one; then, per point, whether hrrs meets issue 3's claim against fcfs on the
 ready wait (lower mean, lower p99, worst slowdown <= fcfs's + 10%), and the same on the

@@ -26,7 +26,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenCla
 from plexrl.errors import ConfigError
 from plexrl.protocol import ModelSpec
 
-#: attention kernel of every module built here (see docs/design.md, D67)
+#: attention kernel of every module built here: eager is plain matmul + softmax, deterministic
+#: on CPU, no NaN rows under left-padding masks, as fast as sdpa at tiny sizes (docs/design.md, D67)
 ATTN_IMPLEMENTATION = "eager"
 
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

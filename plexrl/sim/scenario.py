@@ -243,6 +243,13 @@ def load_scenario(name_or_path: str, overrides: tuple[str, ...] = ()) -> Scenari
     return replace(scenario, source=str(path))
 
 
+def _one_of(names, table: str) -> str:
+    """The fix for an unknown name: the names the scenario has, or how to add the first."""
+    if names:
+        return f"use one of {', '.join(sorted(names))}"
+    return f"the scenario has no {table}: add a [{table}.NAME] table and name it here"
+
+
 def validate(s: Scenario, file: str) -> None:
     """Cross-field checks the schema cannot express."""
     if not s.modes:
@@ -254,7 +261,7 @@ def validate(s: Scenario, file: str) -> None:
     for name, w in s.workloads.items():
         if w.model not in s.models:
             raise ConfigError("unknown model", file=file, field=f"workloads.{name}.model",
-                              value=w.model, fix=f"use one of {', '.join(sorted(s.models))}")
+                              value=w.model, fix=_one_of(s.models, "models"))
         if w.model not in s.sizes:
             raise ConfigError("model has no [sizes] table", file=file, field=f"sizes.{w.model}",
                               fix=f"add [sizes.{w.model}] with the GPUs per mode")
@@ -263,7 +270,7 @@ def validate(s: Scenario, file: str) -> None:
             if w not in s.workloads:
                 raise ConfigError("unknown workload", file=file,
                                   field=f"experiments.{name}.workloads", value=w,
-                                  fix=f"use one of {', '.join(sorted(s.workloads))}")
+                                  fix=_one_of(s.workloads, "workloads"))
         models = {s.workloads[w].model for w in e.workloads}
         if len(models) != 1:
             raise ConfigError("jobs sharing a training pool must use one model", file=file,
@@ -290,7 +297,7 @@ def _check_rollout_sizes(s: Scenario, model: str, table: SizesConfig, file: str)
     """Rollout pools hold whole instances of ``rollout_tp`` devices."""
     if model not in s.models:
         raise ConfigError("sizes for an unknown model", file=file, field=f"sizes.{model}",
-                          fix=f"use one of {', '.join(sorted(s.models))}")
+                          fix=_one_of(s.models, "models"))
     tp = s.models[model].rollout_tp
     for name in ("split_rollout_gpus", "plexrl_private_gpus", "split_rollout_choices",
                  "plexrl_private_choices"):
@@ -311,7 +318,7 @@ def _check_measured(s: Scenario, m: MeasuredConfig, file: str) -> None:
         where = f"measured.jobs.{name}"
         if job.model not in s.models:
             raise ConfigError("unknown model", file=file, field=f"{where}.model", value=job.model,
-                              fix=f"use one of {', '.join(sorted(s.models)) or '(add [models.NAME])'}")
+                              fix=_one_of(s.models, "models"))
         calls = len(job.functions)
         if not calls:
             raise ConfigError("a step needs calls", file=file, field=f"{where}.functions", value=[],

@@ -62,6 +62,7 @@ BAD = [
      "3"),
     ("bad size", 'device_bytes = "1MiB"', 'device_bytes = "lots"',
      "models.policy.resources.device_bytes", "lots"),
+    ("entry field outside [entry]", '[entry]\ncommand', 'command', "command", "sleep"),
     ("reserved env", "priority = 2", "priority = 2\n[env]\nPLEXRL_JOB = \"x\"", "env.PLEXRL_JOB", "x"),
 ]
 
@@ -80,6 +81,15 @@ def test_malformed_fields_name_file_field_value_and_fix(tmp_path, why, old, new,
     assert err.file == str(path) and err.field == field, why
     assert value in str(err.value) and err.fix, why
     assert str(path) in str(err) and field in str(err) and "fix:" in str(err)
+
+
+def test_an_entry_point_written_at_the_top_says_it_belongs_in_the_entry_table(tmp_path):
+    path = tmp_path / "top.toml"
+    path.write_text(GOOD.replace('[entry]\ncommand = ["sleep", "1"]\n', "").replace(
+        'name = "j1"', 'name = "j1"\nfile = "job.py"'))
+    with pytest.raises(ConfigError) as info:
+        load_job_file(path)
+    assert info.value.field == "file" and "[entry]" in str(info.value)
 
 
 def test_yaml_syntax_error_and_unknown_suffix_name_the_file(tmp_path):

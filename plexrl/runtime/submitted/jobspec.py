@@ -186,6 +186,10 @@ def _failer(path: Path):
 
 def _unknown(fail, prefix: str, table: dict, allowed: set) -> None:
     for key in table:
+        if not prefix and key in ENTRY:
+            fail(key, table[key], "the entry point's fields belong in the [entry] table",
+                 f"move {key} = ... under a line [entry] (one of command, module, file, "
+                 "with args)")
         if key not in allowed:
             fail(f"{prefix}{key}", table[key], "unknown field",
                  f"use one of {', '.join(sorted(allowed))}")

@@ -10,7 +10,8 @@ A file holds one tensor ``data`` (the State's bytes in its dtype, flat) and, in 
 hash is computed once on spill (over the HOST bytes) and checked once on restore (over the
 HOST buffer the bytes were read into), never on an in-memory move. A file is written under
 its temp name and renamed when complete, so a finished name never holds half a file; it is
-not fsynced unless asked (docs/design.md, D87). Bytes of finished files are counted.
+not fsynced unless asked: a spill file is a cache of live state, not a checkpoint, and the
+page cache outlives a dead process (docs/design.md, D87). Bytes of finished files are counted.
 
 Also owns ``FailPoints``, the test-only knob that makes a move fail at a named point, and the
 errors of this tier. Must not know: which State is current, budgets of other tiers, Ray,

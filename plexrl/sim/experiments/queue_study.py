@@ -19,8 +19,9 @@ Definitions (docs/design.md):
 - call wait = start - queued of every call on the shared pool that belongs to a measured
   step (``warmup_steps <= step < num_steps``), so every policy is judged on the same calls;
   ready wait = start - ready, ready = when the call became runnable (its job's previous
-  call on the same model copy ended; plexrl/sim/experiments/readiness.py). The claim is tested on the
-  ready wait (D46);
+  call on the same model copy ended; plexrl/sim/experiments/readiness.py). The claim is tested on
+  the ready wait: time behind the job's own earlier calls is its own critical path, which no
+  policy can shorten (D46);
 - slowdown = step time shared / step time alone (D14); worst-job slowdown = the largest;
 - a cell pools the measured calls of every seed for the mean and p99 waits, and takes each
   job's largest slowdown over the seeds (D52): one seed is one trajectory, and at light
