@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/plexrl demo --out out/demo --baseline refresh
 
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/sim_loop.py

@@ -7,8 +7,14 @@ The package is layered (see docs/design.md and ../shared/DESIGN.md):
 - ``sim``: drives the core with a virtual clock (modelled calls, transfers, jobs).
 - ``runtime``: drives the core with the wall clock on Ray, running real models.
 - ``client``: what a job imports: ``plexrl.connect()`` and the verbs.
-- ``timeline``: a stdlib-only Chrome-trace/Perfetto writer shared by every driver.
-- ``cli``: the ``plexrl`` command.
+- ``rl``, ``losses``: RLVR on the client (tasks, rewards, tools, GRPO, PPO) and the losses
+  the service computes.
+- ``timeline``, ``trace_export``: a stdlib-only Chrome-trace/Perfetto writer shared by every
+  driver, and the call log's export.
+- ``cli``, ``demo``, ``config_docs``: the ``plexrl`` command, ``plexrl demo``, and the
+  generated reference of every config field.
+
+docs/architecture.md draws the layers and follows one call and one State move through them.
 """
 
 __version__ = "0.1.0"

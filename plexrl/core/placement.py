@@ -1,9 +1,8 @@
 """Placement: bind a submitted job's model copies to worker groups, and size rollout pools.
 
 Owns: admission (``admit``: filter worker groups by purpose, device layout, device memory
-and host memory, score by fewest bound jobs then the largest budget, or ``Reject`` with the
-sizes when nothing can
-ever fit) and the rollout-pool sizing model (``RolloutDemand``, ``size_rollout_pool``):
+and host memory, score by fewest bound jobs (``placement="spread"``) or most
+(``"pack"``) then the largest budget, or ``Reject`` with the sizes when nothing can ever fit) and the rollout-pool sizing model (``RolloutDemand``, ``size_rollout_pool``):
 the data-parallel degree of a job's private rollout allocation that minimises GPU-hours per
 step. Must not know: queues, clocks, simulators.
 """

@@ -3,7 +3,7 @@
 Owns: the names of the built-in configs (tiny models built from code, never downloaded),
 turning a ``ModelSpec.source`` into a Hugging Face config and a seeded torch module, and
 deriving a ModelSpec's sizes from that config. Must not know where weights live between
-calls (the state manager owns the buffers; ``engine.Engine`` binds them) nor anything about
+calls (the ``StateStore`` owns the buffers; ``engine.Engine`` binds them) nor anything about
 scheduling.
 
 A source is either a built-in name (``BUILTIN_CONFIGS``) or a local directory holding a

@@ -11,6 +11,7 @@ import pytest
 from plexrl.cli.main import main
 from plexrl.sim.cluster import trace_report as tr
 from plexrl.sim.cluster.replay import STRATEGIES, StepRates, replay, replay_calls
+from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.scenario import load_scenario
 
 TINY = str(Path(__file__).parent.parent / "data" / "tiny-trace.toml")
@@ -24,13 +25,23 @@ def tiny():
     return s, tr.trace_jobs(s), rates
 
 
-@pytest.mark.parametrize("strategy", ["spread+backfill", "isolated"])
-def test_memoised_replay_is_within_5_percent_of_the_call_level_replay(tiny, strategy):
+CALL_LEVEL = ("spread+backfill", "isolated")
+
+
+@pytest.fixture(scope="module")
+def call_level(tiny):
+    """The call-level replay of each strategy in ``CALL_LEVEL``, the two in worker processes."""
+    s, jobs, rates = tiny
+    return dict(zip(CALL_LEVEL, map_runs(replay_calls, [(s, jobs, name, rates) for name in CALL_LEVEL])))
+
+
+@pytest.mark.parametrize("strategy", CALL_LEVEL)
+def test_memoised_replay_is_within_5_percent_of_the_call_level_replay(tiny, call_level, strategy):
     """A three-day trace: every call simulated (arrivals, placement, switches, queueing) against
     the memoised pool rates; makespan and mean JCT agree within 5%."""
     s, jobs, rates = tiny
     memo = replay(s, jobs, strategy, rates).metrics()
-    full = replay_calls(s, jobs, strategy, rates).metrics()
+    full = call_level[strategy].metrics()
     for figure in ("makespan_s", "mean_jct_s"):
         assert full[figure] == pytest.approx(memo[figure], rel=0.05), figure
     # the slice really queues and shares: jobs wait, and (plexrl) pools have several tenants

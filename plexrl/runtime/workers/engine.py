@@ -1,10 +1,10 @@
 """The PyTorch engine: one model's calls run on flat buffers that someone else owns.
 
-Owns: running GENERATE, LOGPROBS, VALUES, FORWARD_BACKWARD and OPTIM_STEP of one Hugging
-Face module on flat fp32 buffers (weights, grads, optimizer) handed in with each call, and
+Owns: running GENERATE, LOGPROBS (``values`` for a value head), FORWARD_BACKWARD and
+OPTIM_STEP of one Hugging Face module on flat fp32 buffers (weights, grads, optimizer) handed in with each call, and
 the sizes of what a call needs besides those buffers (KV cache, activations). Must not know
 where the buffers live between calls, which tier they sit on, or who else runs on this
-worker group: the state manager owns the buffers and may hand in different storage on every
+worker group: the ``StateStore`` owns the buffers and may hand in different storage on every
 call. Does not set torch's thread count (the service does).
 
 How it departs from a textbook training loop:
@@ -112,7 +112,7 @@ def _tensor(array, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 class Engine:
-    """Runs one model's calls on flat fp32 buffers handed in with each call (TorchEngine)."""
+    """Runs one model's calls on flat fp32 buffers handed in with each call."""
 
     def __init__(self, spec: ModelSpec, seed: int = 0):
         self.spec, self.seed = spec, seed

@@ -6,8 +6,9 @@ per policy, the number of optimizer steps applied), the check that a call carrie
 token and comes in its job's order, running each Function on the flat State buffers of the
 ``StateStore``, the device reserve a call holds while it runs, and a log of every transition
 (which bytes went from which storage to which: a buffer's address, or a spill file's path,
-with the checksum of spilled and restored bytes). Its spill files live under ``spill_root``. Runs as a threaded Ray actor: a call computes
-on one thread while prefetch copies other States on another.
+with the checksum of spilled and restored bytes). Its spill files live under ``spill_root``.
+A plain class: ``actor.ServiceActor`` hosts it in a Ray actor, where a call computes on one
+thread while prefetch copies other States on another.
 Must not know: the Snapshot, policies, other worker groups, why a call or a move was chosen.
 """
 

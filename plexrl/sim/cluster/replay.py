@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -30,6 +29,7 @@ from plexrl.sim.experiments.experiment import fixed_sizes, run_mode
 from plexrl.sim.experiments.job import SimJob
 from plexrl.sim.experiments.loop import Simulation
 from plexrl.sim.experiments.modes import achieved, job_id, node_cluster
+from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.scenario import Scenario
 from plexrl.timeline import Timeline
 
@@ -81,11 +81,9 @@ class StepRates:
                       key=lambda k: (-len(k[1]), k))   # the largest first, for balance
         if not todo:
             return
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_simulate, self.s, layout, w) for layout, w in todo]
-            for key, fut in zip(todo, futures):
-                self.memo[key] = fut.result()
-                self.simulated += 1
+        for key, rates in zip(todo, map_runs(_simulate, [(self.s, layout, w) for layout, w in todo], workers)):
+            self.memo[key] = rates
+            self.simulated += 1
 
 
 def _simulate(s: Scenario, layout: str, workloads: tuple[str, ...]) -> tuple[float, ...]:

@@ -10,7 +10,6 @@ against the job alone on dedicated pools), the load sweep (the same jobs at each
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from itertools import combinations_with_replacement
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from plexrl.core.decisions import Reject
 from plexrl.core.snapshot import CoreConfig, Snapshot
 from plexrl.errors import ConfigError
 from plexrl.sim.experiments.modes import node_cluster
+from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.cluster.replay import BASELINE, STRATEGIES, ReplayResult, StepRates, replay, trace_spec
 from plexrl.sim.scenario import Scenario
 from plexrl.sim.cluster.trace import TraceJob, at_load, read_csv
@@ -67,11 +67,7 @@ def compositions(s: Scenario, jobs: tuple[TraceJob, ...]) -> list[tuple[str, tup
 def run_strategies(s: Scenario, runs: list[tuple[str, tuple[TraceJob, ...]]], rates: StepRates,
                    window: tuple[float, float] | None = None, workers: int = 2) -> list[ReplayResult]:
     """Replay each (strategy, jobs) in worker processes; the replays are independent and exact."""
-    if workers <= 1:
-        return [replay(s, jobs, name, rates, window) for name, jobs in runs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(replay, s, jobs, name, rates, window) for name, jobs in runs]
-        return [f.result() for f in futures]
+    return map_runs(replay, [(s, jobs, name, rates, window) for name, jobs in runs], workers)
 
 
 def strategy_names(s: Scenario) -> list[str]:

@@ -90,7 +90,11 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
 
 def with_slowdowns(s: Scenario, result: ModeResult, workloads: tuple[str, ...], seed: int) -> ModeResult:
     """``result`` with each job's slowdown against the same job run alone at the same sizes."""
-    alone = _alone_step_s(s, result.mode, workloads, result.chosen, seed)
+    return slowed(result, alone_step_s(s, result.mode, workloads, result.chosen, seed))
+
+
+def slowed(result: ModeResult, alone: dict[JobId, float]) -> ModeResult:
+    """``result`` with each job's slowdown against its step time alone, ``alone[job]``."""
     jobs = {job: replace(r, slowdown=r.step_s / alone[job]) for job, r in result.jobs.items()}
     return replace(result, jobs=jobs)
 
@@ -100,7 +104,7 @@ def _step_s(ends: list[float], warmup_steps: int, num_steps: int) -> float:
     return (ends[num_steps - 1] - ends[warmup_steps - 1]) / (num_steps - warmup_steps)
 
 
-def _alone_step_s(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes,
+def alone_step_s(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes,
                   seed: int) -> dict[JobId, float]:
     """Each job's step time with the same mode and sizes but no other job on its pools."""
     out = {}
@@ -131,11 +135,16 @@ def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str,
     return [replace(base, **{name: v}) for v in chosen]
 
 
-def tried_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int) -> dict[Sizes, ModeResult]:
-    """Every size the search tries (only the fixed one without a search), without slowdowns."""
+def try_sizes(s: Scenario, mode: str, workloads: tuple[str, ...]) -> list[Sizes]:
+    """Every size the search tries (only the fixed one without a search)."""
     table = s.sizes[s.workloads[workloads[0]].model]
-    sizes = candidates(s, mode, table, workloads) if s.search_sizes else [fixed_sizes(table)]
-    return {sz: run_mode(s, mode, workloads, sz, seed, with_alone=False) for sz in sizes}
+    return candidates(s, mode, table, workloads) if s.search_sizes else [fixed_sizes(table)]
+
+
+def tried_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int) -> dict[Sizes, ModeResult]:
+    """Every size the search tries, run, without slowdowns."""
+    return {sz: run_mode(s, mode, workloads, sz, seed, with_alone=False)
+            for sz in try_sizes(s, mode, workloads)}
 
 
 def cheapest(tried: dict[Sizes, ModeResult]) -> ModeResult:

@@ -9,8 +9,9 @@ model provides ``models[<model>]`` and ``savings[<model>]``. Must not know: the 
 
 from __future__ import annotations
 
-from plexrl.sim.experiments.experiment import (ModeResult, cheapest, core_private_gpus, fixed_sizes, tried_sizes,
-                                               with_slowdowns)
+from plexrl.sim.experiments.experiment import (ModeResult, alone_step_s, cheapest, core_private_gpus, fixed_sizes,
+                                               run_mode, slowed, try_sizes)
+from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.scenario import Scenario
 
 #: PAPER.md: GPU-hours per training step saved against split-async.
@@ -47,17 +48,11 @@ def savings(sized: dict[str, ModeResult], fixed: dict[str, ModeResult]) -> dict:
             "vs_split_async_fixed": _saving(fixed.get("plexrl"), fixed.get("split-async"))}
 
 
-def run_experiment(s: Scenario, name: str, seed: int) -> tuple[dict, dict[str, ModeResult]]:
-    """Every mode of one experiment, searched and fixed, with savings; JSON-ready."""
+def _experiment_json(s: Scenario, name: str, sized: dict[str, ModeResult],
+                     fixed: dict[str, ModeResult]) -> dict:
+    """One experiment's modes, searched and fixed, with savings; JSON-ready."""
     exp = s.experiments[name]
     table = s.sizes[s.workloads[exp.workloads[0]].model]
-    sized, fixed = {}, {}
-    for mode in s.modes:  # the fixed size is always among those the search tries
-        tried = tried_sizes(s, mode, exp.workloads, seed)
-        sized[mode], fixed[mode] = cheapest(tried), tried[fixed_sizes(table)]
-        if mode in SHARED_MODES:  # baseline modes share no worker group: slowdown 1 (D14)
-            sized[mode] = with_slowdowns(s, sized[mode], exp.workloads, seed)
-            fixed[mode] = with_slowdowns(s, fixed[mode], exp.workloads, seed)
     modes = {m: mode_json(r) for m, r in sized.items()}
     for mode in modes:
         if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
@@ -66,14 +61,41 @@ def run_experiment(s: Scenario, name: str, seed: int) -> tuple[dict, dict[str, M
             "workloads": list(exp.workloads), "description": exp.description,
             "modes": modes,
             "fixed": {m: mode_json(r) for m, r in fixed.items()},
-            "savings": savings(sized, fixed)}, sized
+            "savings": savings(sized, fixed)}
 
 
-def build_report(s: Scenario, seed: int) -> tuple[dict, dict]:
-    """The report dict, and the searched results per experiment (for plots and timelines)."""
+def build_report(s: Scenario, seed: int, max_workers: int | None = None) -> tuple[dict, dict]:
+    """The report dict, and the searched results per experiment (for plots and timelines).
+
+    Every (experiment, mode, size) the search tries is one independent simulation; they run
+    over the machine's cores (``map_runs``), then the shared modes' chosen sizes are run
+    again per job alone for the slowdowns. Results do not depend on ``max_workers``.
+    """
+    workloads = {name: exp.workloads for name, exp in s.experiments.items()}
+    tables = {name: s.sizes[s.workloads[w[0]].model] for name, w in workloads.items()}
+    cells = [(name, mode) for name in s.experiments for mode in s.modes]
+    tries = {(name, mode): try_sizes(s, mode, workloads[name]) for name, mode in cells}
+    runs = [(s, mode, workloads[name], sizes, seed, False)
+            for name, mode in cells for sizes in tries[(name, mode)]]
+    ran = iter(map_runs(run_mode, runs, max_workers))
+    tried = {cell: {sizes: next(ran) for sizes in tries[cell]} for cell in cells}
+    sized = {cell: cheapest(tried[cell]) for cell in cells}
+    fixed = {cell: tried[cell][fixed_sizes(tables[cell[0]])] for cell in cells}  # always tried
+    # baseline modes share no worker group: their slowdown is 1 (D14)
+    shared = sorted({(cell, pick[cell].chosen) for cell in cells if cell[1] in SHARED_MODES
+                     for pick in (sized, fixed)}, key=str)
+    steps = map_runs(alone_step_s, [(s, mode, workloads[name], sizes, seed) for (name, mode), sizes in shared],
+                     max_workers)
+    alone = dict(zip(shared, steps))
+    for pick in (sized, fixed):
+        for cell in cells:
+            if cell[1] in SHARED_MODES:
+                pick[cell] = slowed(pick[cell], alone[(cell, pick[cell].chosen)])
     experiments, results, models, saved = {}, {}, {}, {}
     for name in s.experiments:
-        experiments[name], results[name] = run_experiment(s, name, seed)
+        results[name] = {mode: sized[(name, mode)] for mode in s.modes}
+        experiments[name] = _experiment_json(s, name, results[name],
+                                             {mode: fixed[(name, mode)] for mode in s.modes})
         model = experiments[name]["model"]
         if model not in models:
             models[model] = experiments[name]["modes"]

@@ -23,8 +23,6 @@ assembled in (axis, value, seed) order, so the output does not depend on the wor
 from __future__ import annotations
 
 import dataclasses
-import os
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -32,6 +30,7 @@ from plexrl.config import apply_overrides, build
 from plexrl.errors import ConfigError
 from plexrl.sim.experiments.experiment import fixed_sizes, run_mode, search
 from plexrl.sim.experiments.modes import Sizes
+from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.experiments.report import savings
 from plexrl.sim.scenario import Scenario, validate
 
@@ -110,10 +109,6 @@ def run_point(s: Scenario, seed: int, sizes: dict[str, dict[str, Sizes]] | None 
     return out
 
 
-def _run_point(job: tuple) -> dict:
-    return run_point(*job)
-
-
 def _summary(xs: list[float | None]) -> tuple[float | None, float | None]:
     if any(x is None for x in xs):
         return None, None
@@ -132,12 +127,7 @@ def run_sweep(s: Scenario, seed: int, max_workers: int | None = None) -> dict:
                 for axis, a in s.sweep.axes.items() for i, v in enumerate(a.values)}
     sizes = base_sizes(s, seed)
     jobs = [(variants[(axis, i)], k, sizes) for axis, i, k in points]
-    workers = max_workers or min(2, os.cpu_count() or 1)
-    if workers == 1:
-        saved = [_run_point(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            saved = list(pool.map(_run_point, jobs))
+    saved = map_runs(run_point, jobs, max_workers)
     by_point = dict(zip(points, saved))
     models = list(first_experiments(s))
     sweep, negative = {}, []
