@@ -7,7 +7,7 @@
     +-- AuthError(PermissionError) an unknown job, or a token that is not the job's
     +-- CallError(ValueError)      a malformed call (bad arguments, unknown role or loss)
     +-- OrderError(ValueError)     a call whose sequence number was already used
-    +-- ServiceLost(RuntimeError)  the service actor hosting a job's state died
+    +-- ServiceLost(RuntimeError)  the service actor (or a rank) hosting a job's state died
     +-- LeaseExpired(TimeoutError) a job's driver stopped renewing its lease; the job ended
 
 Each error is picklable (errors cross process boundaries) and carries its context as
@@ -90,13 +90,14 @@ class OrderError(PlexError, ValueError):
 
 
 class ServiceLost(PlexError, RuntimeError):
-    """The service actor of a worker group died; its jobs' calls cannot run. Carries the
-    job's last durable version and its checkpoint file (-1 and "" when none was saved)."""
+    """The service actor of a worker group died, or one rank of a group of several devices;
+    its jobs' calls cannot run. Carries the rank (-1: the group's service itself), the job's
+    last durable version and its checkpoint file (-1 and "" when none was saved)."""
 
     def __init__(self, message: str, *, wg: str = "", job: str = "", last_version: int = -1,
-                 checkpoint: str = ""):
+                 checkpoint: str = "", rank: int = -1):
         super().__init__(message)
-        self.wg, self.job, self.last_version = wg, job, last_version
+        self.wg, self.job, self.last_version, self.rank = wg, job, last_version, rank
         self.checkpoint = checkpoint   #: the file of ``last_version`` (SAVE or save_interval)
 
 

@@ -136,6 +136,8 @@ class ModelSpec:
     kv_cache_tokens: int | None = None  #: None: the KV cache fills the rollout group's free
     #: memory (inference engines pre-allocate it); else tokens of KV cache per instance
     vocab_size: int = 0          #: sizes the logits in a call's activation estimate
+    sharded: bool = False        #: FSDP / ZeRO-3: one replica whose States are split in equal
+    #: (padded) shards over every device of the group it is bound to, rollout copy included
 
     def __post_init__(self):
         if self.head not in ("lm", "value"):

@@ -14,6 +14,7 @@ rest of the usable memory, as inference engines pre-allocate it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -104,9 +105,13 @@ def pinned_to_host(decl: ModelDecl, state: State) -> bool:
 
 def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
                 usable_bytes_per_device: float) -> int:
-    """Bytes of one State of one copy on a worker group of ``wg_devices`` devices."""
+    """Bytes of one State of one copy on a worker group of ``wg_devices`` devices (all its
+    devices together; a sharded model's are ``wg_devices`` equal shards, so the group's total
+    fits the group's budget exactly when each shard fits its device)."""
     spec = decl.spec
     params = spec.total_params
+    if spec.sharded:
+        return wg_devices * _shard_bytes(spec, copy, state, wg_devices)
     if copy == Copy.ROLLOUT:
         instances = max(1, wg_devices // spec.rollout_tp)
         weights = spec.dtype_bytes * params * instances
@@ -127,6 +132,22 @@ def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
             return int(2 * 4 * params) + 4
         return int(OPTIMIZER_BYTES_PER_PARAM * params)
     raise ValueError(f"trainer copy holds no {state}")
+
+
+def _shard_bytes(spec, copy: Copy, state: State, wg_devices: int) -> int:
+    """Bytes of one device's shard of a sharded model's State: ``ceil(params / n)`` elements
+    of each flat buffer, and the optimizer's step counter on every device."""
+    elements = math.ceil(spec.total_params / wg_devices)
+    if state == State.WEIGHTS:
+        return int(spec.dtype_bytes * elements)
+    if state == State.KV_CACHE:
+        return math.ceil(spec.kv_bytes_per_token * (spec.kv_cache_tokens or 0) / wg_devices)
+    if copy == Copy.TRAINER and state == State.GRADS:
+        return int(GRAD_BYTES_PER_PARAM * elements)
+    if copy == Copy.TRAINER and state == State.OPTIMIZER:
+        return int(2 * 4 * elements) + 4 if spec.dtype_bytes >= 4 else \
+            int(OPTIMIZER_BYTES_PER_PARAM * elements)
+    raise ValueError(f"{copy} copy holds no {state}")
 
 
 def device_bytes_needed(decl: ModelDecl, copy: Copy, wg_devices: int,

@@ -117,7 +117,9 @@ def model_spec(name: str, source: str, head: str = "lm", **kw) -> ModelSpec:
     """A ModelSpec whose sizes are those of ``source``'s config, stored as fp32.
 
     ``kv_cache_tokens`` is 0: the runtime reserves KV cache per GENERATE call
-    (``Engine.kv_bytes``), not as a standing State. ``kw`` sets any other ModelSpec field.
+    (``Engine.kv_bytes``), not as a standing State. ``sharded``: on a worker group of n
+    devices the runtime splits every State over the n ranks (``workers/sharded.py``).
+    ``kw`` sets any other ModelSpec field.
     """
     config = hf_config(source)
     total, active = _count_params(config, head)
@@ -127,5 +129,5 @@ def model_spec(name: str, source: str, head: str = "lm", **kw) -> ModelSpec:
                      num_layers=config.num_hidden_layers,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=head_dim, dtype_bytes=4, head=head, source=source,
-                     kv_cache_tokens=0, vocab_size=config.vocab_size)
+                     kv_cache_tokens=0, vocab_size=config.vocab_size, sharded=True)
     return replace(spec, **kw) if kw else spec

@@ -203,7 +203,10 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             try:
                 if pending.error is not None:
                     raise pending.error
-                pending.workspace_bytes = workspace_bytes(record.spec(request.role), request)
+                group = self.snap.cluster.worker_groups.get(
+                    record.groups.get((request.role, request.copy)))
+                pending.workspace_bytes = workspace_bytes(
+                    record.spec(request.role), request, group.num_devices if group else 1)
                 parked = record.gate(pending)
             except CallError as err:
                 self._refuse(record, pending, err)

@@ -19,6 +19,7 @@ import time
 import ray
 
 from plexrl.core import events as ev
+from plexrl.errors import ServiceLost
 from plexrl.protocol import CallId, State, StateKey, WorkerGroupId
 from plexrl.runtime.control import recovery
 from plexrl.runtime.control.jobs import PendingCall
@@ -60,6 +61,10 @@ class CallDispatch:
             done = await done
         except ray.exceptions.RayActorError as err:
             self._lost(pending.wg, err)
+            return time.monotonic()
+        if done.get("lost_rank") is not None:   # a rank of its group died under it
+            self._lost(pending.wg, ServiceLost(f"rank {done['lost_rank']} died"),
+                       done["lost_rank"])
             return time.monotonic()
         if pending.after is not None:
             pending.started_at = max(pending.started_at, await pending.after)

@@ -78,12 +78,10 @@ class JobEndings:
         record = self.jobs.get(ticket.job)
         if record is not None and secrets.compare_digest(record.token, ticket.token):
             for wg in sorted(set(record.groups.values())):
-                service = self.executor.services.get(wg)
-                try:
-                    if service is not None:
-                        await service.ping.remote()
-                except ray.exceptions.RayActorError as err:
-                    self._lost(wg, err)
+                rank = await self.executor.dead_rank(wg) if wg in self.executor.services \
+                    else None
+                if rank is not None:
+                    self._lost(wg, ServiceLost(f"rank {rank} died"), rank)
                     break
         err, token = self.lost_jobs.get(ticket.job, (None, ""))
         return err if err is not None and secrets.compare_digest(token, ticket.token) else None
@@ -109,29 +107,34 @@ class JobEndings:
         await asyncio.gather(*(self.executor.unbind(wg, job, ended) for wg in groups),
                              return_exceptions=True)
 
-    def _lost(self, wg, err: Exception) -> None:
-        """A service died: its jobs end with ``ServiceLost``, naming their last checkpoint
-        (their calls there fail with the actor, and the job reads that error from ``lost``);
-        the group leaves the cluster the core places on; other groups go on."""
+    def _lost(self, wg, err: Exception, rank: int = -1) -> None:
+        """A service died, or one rank of its group (``rank``; -1: not known): its jobs end
+        with ``ServiceLost``, naming the rank and their last checkpoint (their calls there
+        fail, and the job reads that error from ``lost``); the group leaves the cluster the
+        core places on; other groups go on."""
         if wg not in self.executor.services:
             return   # known already
         del self.executor.services[wg]
+        world = len(self.executor.ranks.get(wg, ())) or 1
+        what = f"rank {rank} of its {world} ranks" if rank >= 0 and world > 1 else \
+            "its service actor"
         for job, record in list(self.jobs.items()):
             if wg in record.groups.values():
                 self._forget(job)
                 last = self.journal.last_checkpoint(job)
                 lost = ServiceLost(
-                    f"worker group {wg} lost its service actor ({type(err).__name__}); job {job} "
+                    f"worker group {wg} lost {what} ({type(err).__name__}); job {job} "
                     "must resume from its last saved state: "
                     + (f"version {last.version} at {last.path}" if last else "none was saved"),
                     wg=wg, job=job, last_version=last.version if last else -1,
-                    checkpoint=last.path if last else "")
+                    checkpoint=last.path if last else "", rank=rank)
                 self.lost_jobs[job] = (lost, record.token)
                 if not record.placed.done():
                     record.placed.set_exception(lost)
                 self.journal.end_job(job, str(lost), status="lost")
-                for other in set(record.groups.values()) - {wg}:
-                    self.executor.unbind(other, job, lost)
+                alive = set(record.groups.values()) - ({wg} if rank <= 0 else set())
+                for group in alive:   # a lead whose rank died fails the job's calls waiting
+                    self.executor.unbind(group, job, lost)
         self._fold(ev.WorkerLost(wg=wg, at=time.monotonic()))
         self.snap = replace(self.snap, cluster=self.snap.cluster.without_groups({wg}))
         self._plan()

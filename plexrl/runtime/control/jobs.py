@@ -10,6 +10,7 @@ ModelSpec), ``check_request`` (a malformed call's named error), and the records
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 from plexrl.core.jobs import JobSpec, ModelDecl
@@ -45,16 +46,22 @@ def check_models(request: JobRequest) -> None:
                               "model_spec(name, source=...)")
 
 
-def workspace_bytes(spec: ModelSpec, request: CallRequest) -> int:
-    """Device bytes a call reserves while it runs."""
+def workspace_bytes(spec: ModelSpec, request: CallRequest, devices: int = 1) -> int:
+    """Device bytes a call reserves while it runs, on a worker group of ``devices`` (all its
+    devices together): activations, KV cache, and for a model sharded over several devices
+    the whole weights every rank gathers for the call."""
     n, length = request.num_sequences, request.seq_len
+    gathered = 0
+    if spec.sharded and devices > 1 and request.function in (
+            Function.GENERATE, Function.LOGPROBS, Function.FORWARD_BACKWARD):
+        gathered = devices * spec.dtype_bytes * math.ceil(spec.total_params / devices) * devices
     if request.function == Function.GENERATE:
         tokens = n * (length + request.max_tokens)
-        return spec.kv_bytes_per_token * tokens + spec.activation_bytes(tokens)
+        return spec.kv_bytes_per_token * tokens + spec.activation_bytes(tokens) + gathered
     if request.function == Function.LOGPROBS:
-        return spec.activation_bytes(n * length)
+        return spec.activation_bytes(n * length) + gathered
     if request.function == Function.FORWARD_BACKWARD:
-        return spec.activation_bytes(n * length, training=True)
+        return spec.activation_bytes(n * length, training=True) + gathered
     return 0
 
 

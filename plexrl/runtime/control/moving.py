@@ -16,6 +16,7 @@ import ray
 
 from plexrl.core import events as ev
 from plexrl.core.decisions import Move
+from plexrl.errors import ServiceLost
 from plexrl.protocol import State, Tier
 
 
@@ -34,6 +35,10 @@ class StateMoves:
                 return
             except Exception as err:   # the call itself failed: every move of it did
                 answers = [err] * len(copied)
+        lost = [a for a in answers if isinstance(a, ServiceLost) and a.rank >= 0]
+        if lost:   # a rank of the group died: the group is gone, not just these moves
+            self._lost(copied[0].wg, lost[0], lost[0].rank)
+            return
         answer_of = dict(zip(map(id, copied), answers))
         for move in moves:
             answer = answer_of.get(id(move), {"seconds": 0.0})

@@ -14,15 +14,28 @@ again -- is answered from that record and never runs twice. ``holdings`` tells a
 controller what this service holds (jobs, States and their tiers, versions, which calls ran)
 once every call and transition already started here has finished. ``engine="simulated"``
 hosts ``plexrl.runtime.workers.simulated.SimulatedService`` instead (no torch) behind this shell.
+
+A worker group of n devices is n of these actors, one per rank, joined in one
+``torch.distributed`` process group (``endpoint``/``join``). Rank 0, the lead, is the group's
+service for everyone else: it fans every bind, move, checkpoint and call out to the other ranks
+(``rank_run``), runs its own share, and joins the ranks' rows into one result. The calls of a
+group go to the ranks in the lead's order, one at a time, so every rank enters the same
+collectives in the same order. A rank that dies makes every call of the group fail with
+``ServiceLost`` naming it (``lost_rank``), from then on.
 Must not know: scheduling, or what a call computes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+import ray
+
+from plexrl.errors import ServiceLost
 from plexrl.protocol import Function
 from plexrl.runtime.workers.cores import pin_thread
 from plexrl.runtime.workers.recent import CallRecords, Outcome
@@ -41,13 +54,17 @@ class _Rendezvous:
 
 class ServiceActor:
     def __init__(self, *args, engine: str = "torch", recent_calls: int = 256,
-                 call_s: float = 0.0, cores: tuple[int, ...] = ()):
+                 call_s: float = 0.0, cores: tuple[int, ...] = (), rank: int = 0,
+                 world: int = 1):
         if engine == "simulated":
             from plexrl.runtime.workers.simulated import SimulatedService
             self._service = SimulatedService(*args, call_s=call_s)
         else:
             from plexrl.runtime.workers.service import Service
-            self._service = Service(*args)
+            self._service = Service(*args, rank=rank, world=world)
+        self.wg, self.rank, self.world = str(args[0]), rank, world
+        self._peers: list = []            #: the lead's view of ranks 1..n-1, in rank order
+        self._dead_rank: int | None = None   #: the first rank found dead (then every call fails)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="compute",
                                            initializer=pin_thread, initargs=(cores,))
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="copy")
@@ -63,8 +80,46 @@ class ServiceActor:
     async def ready(self) -> dict:
         return await self._on(self._compute, self._service.ready)
 
+    # -- the ranks of a group of several devices ---------------------------------------------
+    async def endpoint(self) -> str:
+        """Where the group's ranks meet to join their process group: this node, a free port."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    async def join(self, address: str) -> None:
+        """Join the group's process group at ``address`` (every rank at once)."""
+        from plexrl.runtime.workers.sharded import join_group
+        await self._on(self._compute, join_group, address, self.rank, self.world)
+
+    async def set_peers(self, peers: list) -> None:
+        """The lead learns the other ranks' actors, in rank order."""
+        self._peers = list(peers)
+
+    async def lost_rank(self) -> int | None:
+        """The rank of this group found dead, if one was (at once, whatever runs)."""
+        return self._dead_rank
+
+    async def _everywhere(self, method: str, *args) -> list:
+        """``method`` on the other ranks (empty on a rank that is not a lead); a dead rank is
+        remembered and its answer is the ``ServiceLost`` naming it."""
+        answers = await asyncio.gather(*(getattr(p, method).remote(*args) for p in self._peers),
+                                       return_exceptions=True)
+        return [self._lost(rank, a) if isinstance(a, ray.exceptions.RayActorError) else a
+                for rank, a in enumerate(answers, 1)]
+
+    def _lost(self, rank: int, err: Exception | None = None) -> ServiceLost:
+        if self._dead_rank is None:
+            self._dead_rank = rank
+        return ServiceLost(f"worker group {self.wg}: rank {self._dead_rank} of its {self.world} "
+                           f"ranks died ({type(err).__name__ if err else 'found dead before'}); "
+                           "its jobs cannot run here", wg=self.wg, rank=self._dead_rank)
+
     async def bind(self, job: str, *args) -> None:
-        await self._on(self._compute, self._service.bind, job, *args)
+        here = self._on(self._compute, self._service.bind, job, *args)
+        answers = await asyncio.gather(here, self._everywhere("bind", job, *args))
+        _raise_first(answers[1])
         self._bound.add(job)
 
     async def unbind(self, job: str, err: Exception) -> None:
@@ -76,7 +131,8 @@ class ServiceActor:
             if not slot.result.done():
                 slot.result.set_exception(err)
             _resolve(slot.handed)
-        await self._on(self._compute, self._service.unbind, job)
+        await asyncio.gather(self._on(self._compute, self._service.unbind, job),
+                             self._everywhere("unbind", job, err))
         self.records.forget(job)
         self._checkpoints.pop(job, None)
 
@@ -126,6 +182,8 @@ class ServiceActor:
             result, saved = await running
         except Exception as err:   # the job reads it from its result; the controller goes on
             record = {"duration_s": _since(began), "failed": type(err).__name__}
+            if self._dead_rank is not None:
+                record["lost_rank"] = self._dead_rank
             self._settle(slot, request, Outcome(error=err, record=record))
             return record
         record = {"duration_s": _since(began), "failed": "", "saved": saved}
@@ -133,6 +191,38 @@ class ServiceActor:
         return record
 
     def _run(self, order, payload):
+        """Run the call on every rank (the other ranks first, each on its compute thread) and
+        join their rows; a rank found dead makes it a ``ServiceLost``."""
+        if self._dead_rank is not None:
+            raise self._lost(self._dead_rank)
+        running = [peer.rank_run.remote(order, payload) for peer in self._peers]
+        try:
+            result, saved = self._run_here(order, payload)
+        except Exception:
+            self._answers(running)   # a dead rank, not this rank's error, is what happened
+            raise
+        return _joined(order.request.function, result, self._answers(running)), saved
+
+    def _answers(self, running: list) -> list:
+        """The other ranks' results, in rank order; any rank's error is raised (a dead rank's
+        as ``ServiceLost``) once all have answered, so the ranks stay in step."""
+        answers, failure = [], None
+        for rank, ref in enumerate(running, 1):
+            try:
+                answers.append(ref.future().result()[0])   # on the compute thread
+            except ray.exceptions.RayActorError as err:
+                failure = self._lost(rank, err)
+            except Exception as err:   # noqa: BLE001 -- raised below, after the others
+                failure = failure or _cause(err)
+        if failure is not None:
+            raise failure
+        return answers
+
+    async def rank_run(self, order, payload):
+        """The lead's call, on this rank: its share of the rows, its shard of the States."""
+        return await self._on(self._compute, self._run_here, order, payload)
+
+    def _run_here(self, order, payload):
         """Run the call; after an OPTIM_STEP that makes a version the job checkpoints at,
         write the checkpoint before any other call of this group runs."""
         request = order.request
@@ -174,6 +264,7 @@ class ServiceActor:
         weight versions (0: never)."""
         if every:
             self._checkpoints[job] = (every, where)
+        _raise_first(await self._everywhere("checkpoints", job, every, where))
 
     async def fail(self, job: str, seq: int, err: Exception) -> None:
         """The controller refused the call: its job gets ``err``."""
@@ -197,13 +288,23 @@ class ServiceActor:
                 except Exception as err:   # noqa: BLE001 -- answered per move
                     out.append(err)
             return out
-        return await self._on(self._copy, run)
+        here, there = await asyncio.gather(self._on(self._copy, run),
+                                           self._everywhere("moves", batch))
+        return [_merged_move([mine] + [t if isinstance(t, Exception) else t[i] for t in there])
+                for i, mine in enumerate(here)]
 
     async def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
         return self._service.transitions(failed, start)
 
     async def stats(self) -> dict:
-        return self._service.stats()
+        """This service's bytes per tier; a lead's sums its ranks' (and lists each rank's)."""
+        mine = self._service.stats()
+        if not self._peers:
+            return mine
+        ranks = [mine] + [s for s in await self._everywhere("stats") if isinstance(s, dict)]
+        summed = {k: sum(r[k] for r in ranks) if isinstance(v, int) and k != "num_states" else v
+                  for k, v in mine.items()}
+        return {**summed, "ranks": ranks}
 
     async def holdings(self) -> dict:
         """What this service holds, once every call and transition already started here has
@@ -227,7 +328,8 @@ class ServiceActor:
                 "repeated": self.records.repeated()}
 
     async def close(self) -> None:
-        await self._on(self._compute, self._service.close)
+        await asyncio.gather(self._on(self._compute, self._service.close),
+                             self._everywhere("close"))
 
     def _slot(self, job: str, seq: int) -> _Rendezvous:
         key = (job, seq)
@@ -238,6 +340,37 @@ class ServiceActor:
     @staticmethod
     async def _on(pool: ThreadPoolExecutor, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _joined(function: Function, mine, theirs: list):
+    """One result from the ranks' results: GENERATE and LOGPROBS rows end to end in rank
+    order; every other call answers the same on every rank (the lead's)."""
+    if function not in (Function.GENERATE, Function.LOGPROBS) or not theirs:
+        return mine
+    return {k: np.concatenate([v] + [t[k] for t in theirs])
+            if isinstance(v, np.ndarray) and v.ndim >= 1 else v for k, v in mine.items()}
+
+
+def _merged_move(answers: list):
+    """One move on every rank at once: its bytes are the ranks' sum, its time the slowest
+    rank's; any rank's error is the move's."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            return answer
+    return {"seconds": max(a["seconds"] for a in answers),
+            "num_bytes": sum(a["num_bytes"] for a in answers)}
+
+
+def _raise_first(answers: list) -> None:
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise _cause(answer)
+
+
+def _cause(err: Exception) -> Exception:
+    """The runtime's own error inside Ray's wrapper."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, Exception) else err
 
 
 def _answer(outcome: Outcome):

@@ -18,9 +18,13 @@ How it departs from a textbook training loop:
 - AdamW runs on the flat buffers with the arithmetic of ``torch.optim.AdamW``'s single-tensor
   path, op for op, so it matches it bit for bit. The optimizer buffer is laid out as
   ``[exp_avg (numel) | exp_avg_sq (numel) | step (1)]``.
-- Sampling draws only from the caller's ``torch.Generator``; the logprobs it reports are
-  under ``softmax(logits / temperature)`` before top-p truncation, the distribution
-  ``logprobs`` computes. Temperature 0 is greedy and reports logprobs at temperature 1.
+- Sampling is seeded per sequence: a GENERATE draws one uniform per (sequence, token) from
+  the caller's ``torch.Generator`` up front and samples each token by inverting its row's
+  CDF, so a sequence's tokens do not depend on which rows share its batch (a group of n
+  ranks samples its slice of the rows, and gets the tokens one device would). The logprobs
+  it reports are under ``softmax(logits / temperature)`` before top-p truncation, the
+  distribution ``logprobs`` computes. Temperature 0 is greedy and reports logprobs at
+  temperature 1.
 """
 
 from __future__ import annotations
@@ -191,20 +195,25 @@ class Engine:
             return (out.logits.squeeze(-1) * mask).numpy()
 
     def generate(self, weights, prompts, *, max_tokens, temperature=1.0, top_p=1.0,
-                 stop=(), generator: torch.Generator) -> dict[str, np.ndarray]:
+                 stop=(), generator: torch.Generator,
+                 rows: slice = slice(None)) -> dict[str, np.ndarray]:
         """Sample up to ``max_tokens`` after each prompt (batched, left-padded, KV cached).
 
         Returns ``tokens`` (B, max_tokens) filled with ``pad_id`` after a row's end,
         ``lengths`` (B,) counting a stop token that ended the row, ``logprobs``
         (B, max_tokens) of each sampled token (0 after the end), and ``stopped`` (B,) whether
-        a row ended on a stop token rather than on ``max_tokens``.
+        a row ended on a stop token rather than on ``max_tokens``. ``rows`` samples only those
+        prompts (one rank's share), with the noise and padding the whole batch would get.
         """
         self._need_head("lm", "generate")
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
-        sampler = _Sampler(self, temperature, top_p, stop, generator)
+        sampler = _Sampler(self, temperature, top_p, stop)
+        shape = (len(prompts), max_tokens)   # greedy draws nothing from the generator
+        noise = torch.rand(shape, generator=generator) if temperature > 0 else torch.zeros(shape)
+        width = max(len(p) for p in prompts)
         with torch.no_grad(), self._bound(weights):
-            return sampler.run(prompts, max_tokens)
+            return sampler.run(prompts[rows], noise[rows], width)
 
     def forward_backward(self, weights, grads, batch, loss: str, **loss_args):
         """Add d(loss)/d(weights) into ``grads``; returns the loss and its metrics.
@@ -214,9 +223,22 @@ class Engine:
         values (a "value" loss). Pass ``num_tokens`` to normalise by a count shared by
         several calls, so that micro-batches accumulate to the whole batch's gradient.
         """
+        _check_flat(grads, self.numel, "grads")
+        with self.loss_of(weights, batch, loss, loss_args) as (result, params):
+            leaves = [params[s.name] for s in self._layout]
+            grads_of = torch.autograd.grad(result.loss, leaves, allow_unused=True)
+        for slot, g in zip(self._layout, grads_of):
+            if g is not None:
+                grads[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
+        return {"loss": float(result.loss.detach()), **result.metrics}
+
+    @contextmanager
+    def loss_of(self, weights, batch, loss: str, loss_args: dict):
+        """The loss of ``batch`` with ``weights`` bound as leaves that require grad: yields
+        the ``LossResult`` and the leaves by Slot name, for the caller to differentiate."""
         loss_fn = get_loss(loss)
         self._need_head(loss_fn.head, f"loss {loss!r}")
-        _check_flat(grads, self.numel, "grads")
+        loss_args = dict(loss_args)
         temperature = loss_args.pop("temperature", 1.0)
         tensors = {k: _tensor(v) for k, v in batch.items()}
         ids, mask = self._inputs(tensors["input_ids"], tensors.get("attention_mask"))
@@ -225,13 +247,11 @@ class Engine:
                 outputs = self._token_logprobs(ids, mask, temperature)
             else:
                 outputs = self._forward(ids, mask, _positions(mask)).logits.squeeze(-1)
-            result = loss_fn(outputs, tensors, **loss_args)
-            leaves = [params[s.name] for s in self._layout]
-            grads_of = torch.autograd.grad(result.loss, leaves, allow_unused=True)
-        for slot, g in zip(self._layout, grads_of):
-            if g is not None:
-                grads[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
-        return {"loss": float(result.loss.detach()), **result.metrics}
+            yield loss_fn(outputs, tensors, **loss_args), params
+
+    @property
+    def layout(self) -> tuple[Slot, ...]:
+        return self._layout
 
     def optim_step(self, weights, grads, optimizer, *, lr, betas=(0.9, 0.999), eps=1e-8,
                    weight_decay=0.0, max_grad_norm=None) -> dict[str, float]:
@@ -299,16 +319,22 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, step_t, *, lr, beta1, beta2, eps, w
 class _Sampler:
     """One GENERATE call: prefill the left-padded prompts, then sample token by token."""
 
-    def __init__(self, engine: Engine, temperature, top_p, stop, generator):
+    def __init__(self, engine: Engine, temperature, top_p, stop):
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got "
                              f"{temperature}, {top_p}")
-        self.engine, self.generator = engine, generator
+        self.engine = engine
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.stop = torch.tensor(sorted(set(int(s) for s in stop)), dtype=torch.long)
 
-    def run(self, prompts, max_tokens: int) -> dict[str, np.ndarray]:
-        pad, rows, width = self.engine.pad_id, len(prompts), max(len(p) for p in prompts)
+    def run(self, prompts, noise: torch.Tensor, width: int) -> dict[str, np.ndarray]:
+        """Sample after ``prompts``, left-padded to ``width``; ``noise`` (rows, max_tokens)
+        holds each row's uniforms, one per token."""
+        pad, rows, max_tokens = self.engine.pad_id, len(prompts), noise.shape[1]
+        if rows == 0:
+            empty = np.zeros((0, max_tokens))
+            return {"tokens": empty.astype(np.int64), "lengths": np.zeros(0, np.int64),
+                    "logprobs": empty.astype(np.float32), "stopped": np.zeros(0, bool)}
         ids = torch.full((rows, width), pad, dtype=torch.long)
         mask = torch.zeros((rows, width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
@@ -323,7 +349,7 @@ class _Sampler:
         cache = DynamicCache(config=self.engine._config)
         out = self.engine._forward(ids, mask, positions, past=cache)
         for step in range(max_tokens):
-            token, logprob = self._sample(out.logits[:, -1])
+            token, logprob = self._sample(out.logits[:, -1], noise[:, step])
             active = ~done
             tokens[:, step] = torch.where(active, token, pad)
             logprobs[:, step] = torch.where(active, logprob, 0.0)
@@ -339,8 +365,9 @@ class _Sampler:
         return {"tokens": tokens.numpy(), "lengths": lengths.numpy(),
                 "logprobs": logprobs.numpy(), "stopped": stopped.numpy()}
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token, its logprob before truncation) for each row of ``logits`` (B, V)."""
+    def _sample(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token, its logprob before truncation) for each row of ``logits`` (B, V): the token
+        where the row's CDF (top-p truncated, in descending probability) first passes ``u``."""
         if self.temperature == 0:
             token = logits.argmax(-1)
             return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
@@ -350,9 +377,18 @@ class _Sampler:
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
             before = sorted_probs.cumsum(-1) - sorted_probs
             kept = torch.where(before < self.top_p, sorted_probs, 0.0)
-            pick = torch.multinomial(kept, 1, generator=self.generator)
-            token = order.gather(-1, pick).squeeze(-1)
+            token = order.gather(-1, _inverse_cdf(kept, u)[:, None]).squeeze(-1)
         else:
-            token = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            token = _inverse_cdf(probs, u)
         return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of ``weights`` (B, V), unnormalised: the first index whose cumulative weight
+    exceeds ``u`` times the row's total; never an index of weight 0."""
+    cdf = weights.cumsum(-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    pick = pick.clamp(max=weights.shape[-1] - 1)
+    # u * total can round onto the top of the CDF: step back over trailing zero weights
+    last = (weights > 0).long().cumsum(-1).argmax(-1)
+    return torch.minimum(pick, last)

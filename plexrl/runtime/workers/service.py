@@ -7,6 +7,9 @@ token and comes in its job's order, running each Function on the flat State buff
 ``StateStore``, the device reserve a call holds while it runs, and a log of every transition
 (which bytes went from which storage to which: a buffer's address, or a spill file's path,
 with the checksum of spilled and restored bytes). Its spill files live under ``spill_root``.
+In a worker group of n devices there is one Service per rank (``rank`` of ``world``), each
+holding its shard of every State (``sharded.ShardedEngine``) and running its share of every
+call; SAVE writes, and LOAD reads, whole States, so a checkpoint does not depend on n.
 A plain class: ``actor.ServiceActor`` hosts it in a Ray actor, where a call computes on one
 thread while prefetch copies other States on another.
 Must not know: the Snapshot, policies, other worker groups, why a call or a move was chosen.
@@ -28,6 +31,7 @@ from plexrl.errors import CallError, PlexError
 from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role, State,
                              StateKey, Tier)
 from plexrl.runtime.workers.engine import Engine
+from plexrl.runtime.workers.sharded import ShardedEngine
 from plexrl.runtime.workers.order import CallOrder, copies_of, hosted_job, take_turn
 from plexrl.runtime.tiers.device import DeviceMemory
 from plexrl.runtime.tiers.disk import DiskStore
@@ -37,7 +41,7 @@ from plexrl.runtime.tiers.store import StateStore
 
 @dataclass
 class HostedModel:
-    engine: Engine
+    engine: Engine | ShardedEngine
     generator: torch.Generator   #: the job's sampling generator (policy)
     initial_weights: torch.Tensor | None  #: version 0 of both copies, until both exist
     bound: set[Copy] = field(default_factory=set)
@@ -55,9 +59,9 @@ class HostedJob:
 class Service:
     def __init__(self, wg: str, budget_bytes: int, host_root: str, threads: int,
                  skip_onload: tuple[str, ...] = (), spill_root: str | None = None,
-                 fail_at: tuple[str, ...] = ()):
+                 fail_at: tuple[str, ...] = (), rank: int = 0, world: int = 1):
         torch.set_num_threads(threads)
-        self.wg, self.threads = wg, threads
+        self.wg, self.threads, self.rank, self.world = wg, threads, rank, world
         self.store = StateStore(DeviceMemory(budget_bytes), HostStore(host_root),
                                 disk=DiskStore(spill_root) if spill_root else None,
                                 fail_at=fail_at)
@@ -86,7 +90,8 @@ class Service:
         with self._lock:
             hosted = self.jobs.setdefault(job, HostedJob(token))
             if role not in hosted.models:
-                engine = Engine(spec, seed=_seed_of(seed, role))
+                engine = Engine(spec, seed=_seed_of(seed, role)) if self.world == 1 else \
+                    ShardedEngine(spec, _seed_of(seed, role), rank=self.rank, world=self.world)
                 hosted.models[role] = HostedModel(engine, torch.Generator().manual_seed(seed),
                                                   engine.initial_weights())
             model = hosted.models[role]
@@ -103,14 +108,13 @@ class Service:
         for state, num_bytes in sizes.items():
             if state == State.KV_CACHE:
                 continue   # reserved per call (workspace), never a standing buffer
-            if num_bytes != 4 * shapes[state]:
+            if num_bytes != 4 * shapes[state] * self.world:   # the core counts all ranks
                 raise CallError(f"job {job}: the core counts {num_bytes} bytes for {state} of "
-                                f"{role}/{copy}, the engine needs {4 * shapes[state]}; either the "
-                                "ModelSpec does not describe this model (build it with "
-                                "plexrl.runtime.models.model_spec) or the worker group holds "
-                                "several data-parallel replicas, and a service runs one: give "
-                                "it one device per replica (tp x pp)", job=job)
-            init = model.initial_weights if state == State.WEIGHTS else num_bytes
+                                f"{role}/{copy} on {self.world} device(s), the engine's shards "
+                                f"hold {4 * shapes[state] * self.world}; the ModelSpec does not "
+                                "describe this model: build it with "
+                                "plexrl.runtime.models.model_spec", job=job)
+            init = model.initial_weights if state == State.WEIGHTS else 4 * shapes[state]
             self.store.create(_name(StateKey(job, role, copy, state)), init,
                               tier=tiers.get(state, Tier.HOST))
 
@@ -196,7 +200,8 @@ class Service:
         hosted = self._authorised(order)
         model = hosted.models[request.role]
         reserve = f"call-{order.call}"
-        self.store.device.reserve(reserve, order.workspace_bytes)
+        # the controller reserves for the whole group; each rank holds its share
+        self.store.device.reserve(reserve, -(-order.workspace_bytes // self.world))
         try:
             return _RUNNERS[request.function](self, request, model, payload or {})
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
@@ -266,12 +271,16 @@ class Service:
 
     def _save(self, request: CallRequest, model: HostedModel, payload) -> dict:
         path = str(request.option("path"))
-        tensors = {str(s): torch.from_numpy(np.array(self.store.read(
-                       _name(StateKey(request.job, request.role, Copy.TRAINER, s)))))
-                   for s in self._trainer_states(request)}
-        tensors["generator"] = model.generator.get_state()
-        save_file(tensors, path, metadata={"optim_steps": str(model.optim_steps),
-                                           "rollout_version": str(model.rollout_version)})
+        tensors = {}
+        for state in self._trainer_states(request):
+            held = torch.from_numpy(np.array(self.store.read(
+                _name(StateKey(request.job, request.role, Copy.TRAINER, state)))))
+            tensors[str(state)] = held if self.world == 1 else \
+                model.engine.gather_state(held, optimizer=state == State.OPTIMIZER)
+        if self.rank == 0:   # rank 0 writes the whole States
+            tensors["generator"] = model.generator.get_state()
+            save_file(tensors, path, metadata={"optim_steps": str(model.optim_steps),
+                                               "rollout_version": str(model.rollout_version)})
         return {"path": path, "optim_steps": model.optim_steps}
 
     def _load(self, request: CallRequest, model: HostedModel, payload) -> dict:
@@ -285,7 +294,9 @@ class Service:
         states = self._trainer_states(request)
         with self._use(request, Copy.TRAINER, *states) as buffers:
             for state, buffer in zip(states, buffers):
-                buffer.copy_(tensors[str(state)])
+                whole = tensors[str(state)]
+                buffer.copy_(whole if self.world == 1 else
+                             model.engine.take_state(whole, optimizer=state == State.OPTIMIZER))
         model.generator.set_state(tensors["generator"])
         if request.version:   # a resumed job names the version it restores
             model.optim_steps = request.version
