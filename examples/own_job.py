@@ -3,7 +3,8 @@
 The job is written against the client only: it registers its model, then calls GENERATE,
 LOGPROBS, FORWARD_BACKWARD, OPTIM_STEP and SYNC_WEIGHTS, each returning a future. Run it
 with ``.venv/bin/python examples/own_job.py``; it starts the embedded local runtime (Ray on
-loopback) and prints the mean reward of each step. Submitted with ``plexrl submit
+loopback) and prints the mean reward of each step. ``--devices 2`` runs it on a worker group
+of 2 devices, the model sharded over 2 ranks (the same rewards: tokens do not depend on n). Submitted with ``plexrl submit
 examples/jobs/own-job.toml``, it attaches instead to the job the running controller placed
 (``plexrl.client.connect_submitted``).
 """
@@ -32,12 +33,13 @@ def batch_of(prompts, out) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
 
 
-def main(steps: int = 15, seed: int = 0, address: str | None = None) -> list[float]:
+def main(steps: int = 15, seed: int = 0, address: str | None = None,
+         devices: int | None = None) -> list[float]:
     submitted = connect_submitted()               # started by `plexrl submit`?
     if submitted is not None:
         runtime, job = submitted
     else:
-        runtime = plexrl.connect(address)         # None: the embedded local runtime
+        runtime = plexrl.connect(address, devices=devices)   # None: the embedded local runtime
         job = runtime.register_job("my-job", {"policy": model_spec("policy", source="tiny-qwen2")},
                                    seed=seed)
     prompts = [p for p in PROMPTS for _ in range(GROUP)]
@@ -65,5 +67,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=None,
+                        help="one worker group of this many devices (the model sharded over them)")
     args = parser.parse_args()
-    main(steps=args.steps, seed=args.seed)
+    main(steps=args.steps, seed=args.seed, devices=args.devices)

@@ -23,10 +23,14 @@ def add_parser(sub) -> None:
                       help="auto (default): when --out holds no isolated record, record it "
                            "first (the same jobs one after another), then run shared; "
                            "refresh: record it first in any case; skip: the shared run only")
+    demo.add_argument("--devices", type=int, default=1,
+                      help="devices of the one worker group: each job's model is sharded over "
+                           "them, one rank per device (default 1)")
     demo.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)
 
 
 def run(args) -> int:
     from plexrl.demo.main import run_demo
     return run_demo(quick=args.quick, out=Path(args.out), isolated=args.isolated,
-                    record=args.record, baseline=args.baseline, scale=args.scale)
+                    record=args.record, baseline=args.baseline, scale=args.scale,
+                    devices=args.devices)

@@ -21,8 +21,11 @@ def add_parsers(sub) -> None:
     up.add_argument("--address", help="join this Ray cluster (host:port) instead of starting "
                                       "a head on loopback")
     up.add_argument("--host", default="127.0.0.1", help="the address a new head listens on")
-    up.add_argument("--devices", type=int, default=1, help="devices of each worker group")
-    up.add_argument("--groups", type=int, default=1, help="worker groups")
+    up.add_argument("--devices", type=int, default=1,
+                    help="devices in all (emulated ones where the cluster has no GPU)")
+    up.add_argument("--groups", type=int, default=1,
+                    help="worker groups the devices are split into, equally (--devices 4 "
+                         "--groups 2: two groups of two, each model sharded over its two)")
     up.add_argument("--device-bytes", type=int, help="memory of one emulated device (bytes)")
     up.add_argument("--host-bytes", type=int, help="host memory for parked states (bytes)")
     up.add_argument("--lease-s", type=float, help="a job whose driver is silent this long ends")
@@ -68,7 +71,8 @@ def _up(args) -> int:
         head.clear_state()
     head.run_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     started = args.address is None
-    state = (head.start_head(args.devices * args.groups, host=args.host) if started else
+    config = _config(args)   # a bad split is refused before anything starts
+    state = (head.start_head(args.devices, host=args.host) if started else
              head.HeadState(address=args.address, controller=head.CONTROLLER_NAME,
                             started_head=False))
     try:
@@ -80,7 +84,7 @@ def _up(args) -> int:
                                 "token_file": None},
                          f"PlexRL is already up at {state.address} (controller "
                          f"{state.controller}, started elsewhere)")
-        controller = head.create_controller(_config(args), state.controller)
+        controller = head.create_controller(config, state.controller)
         token = head.write_token()
         head.call(controller.serve, token, str(head.run_dir()), state.address, state.controller)
         head.write_state(state)
@@ -96,8 +100,15 @@ def _up(args) -> int:
 
 
 def _config(args):
+    from plexrl.errors import ConfigError
     from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
-    settings = {"worker_groups": tuple(WorkerGroupConfig(f"wg{i}", args.devices)
+    if args.groups < 1 or args.devices < args.groups or args.devices % args.groups:
+        raise ConfigError(f"--devices {args.devices} cannot be split into {args.groups} equal "
+                          "worker groups", field="devices", value=args.devices,
+                          fix="give --devices a multiple of --groups (--devices 4 --groups 2: "
+                              "two groups of two)")
+    each = args.devices // args.groups
+    settings = {"worker_groups": tuple(WorkerGroupConfig(f"wg{i}", each)
                                        for i in range(args.groups))}
     for key in ("device_bytes", "host_bytes", "lease_s", "queue_policy"):
         if getattr(args, key) is not None:

@@ -10,7 +10,8 @@ saving), and ``summary.json``. Must not know: argument parsing.
 
 Figures. Steps = warm-up + GRPO steps of all jobs. Held seconds: shared, from the first
 call's start to the last call's end of the run; isolated, the sum of each job's own span
-(the group holds one job at a time). Device-seconds per step = 1 device x held / steps.
+(the group holds one job at a time). Device-seconds per step = the group's devices x held /
+steps (``--devices``: one group of n devices, each job's model sharded over them).
 Utilisation = busy / held, busy = seconds the group ran calls (the controller's call log).
 Idle share of an isolated job = 1 - its busy / its held seconds. Slowdown of a job = its
 mean GRPO step wall time shared / isolated. Saving = 1 - shared device-seconds / isolated
@@ -33,12 +34,14 @@ BASELINES = ("auto", "refresh", "skip")
 ISOLATED_PREFIX = "isolated-"     #: job names of a baseline recorded before the shared run
 
 
-def command_of(quick: bool, out: Path) -> str:
-    return f"plexrl demo{' --quick' if quick else ''} --out {out}"
+def command_of(quick: bool, out: Path, devices: int = 1) -> str:
+    return (f"plexrl demo{' --quick' if quick else ''}"
+            f"{f' --devices {devices}' if devices != 1 else ''} --out {out}")
 
 
 def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: str = "auto",
-             scale: float = 1.0, stream=sys.stdout, live: bool | None = None) -> int:
+             scale: float = 1.0, stream=sys.stdout, live: bool | None = None,
+             devices: int = 1) -> int:
     """``isolated``: run the jobs one after another (``record``: write the baseline).
     Otherwise the shared run; ``baseline="auto"`` records the baseline first when ``out``
     has none, ``"refresh"`` records it first whatever ``out`` holds (``make demo``: the
@@ -52,16 +55,16 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
         raise ConfigError("unknown baseline mode", field="--baseline", value=baseline,
                           fix=f"use one of {BASELINES}")
     jobs = demo_jobs(quick, scale)
-    this_stamp = rec.stamp(jobs)
+    this_stamp = rec.stamp(jobs, devices=devices)
     fresh = isolated or baseline == "refresh"
-    found = None if fresh else rec.load_record(out, this_stamp, command_of(quick, out))
+    found = None if fresh else rec.load_record(out, this_stamp, command_of(quick, out, devices))
     record_first = not isolated and found is None and baseline in ("auto", "refresh")
     mode = "isolated" if isolated else "shared"
     _print_plan(jobs, quick, mode, this_stamp, stream)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     _prefetch_imports(jobs)
-    runtime = start_runtime()
+    runtime = start_runtime(devices=devices)
     try:
         if record_first:
             why = "--baseline refresh: " if baseline == "refresh" else \
@@ -70,21 +73,21 @@ def run_demo(*, quick: bool, out: Path, isolated: bool, record: bool, baseline: 
                   f"after another, each alone on the group)", file=stream)
         if isolated or record_first:
             prefix = ISOLATED_PREFIX if record_first else ""
-            body, calls = _run(runtime, jobs, "isolated", prefix, stream, live)
+            body, calls = _run(runtime, jobs, "isolated", prefix, stream, live, devices)
             written.append(_timeline(out, "isolated", calls, jobs, prefix))
             if record or record_first:
                 written.append(rec.write_record(out, this_stamp, body))
-                found = rec.load_record(out, this_stamp, command_of(quick, out))
+                found = rec.load_record(out, this_stamp, command_of(quick, out, devices))
         if not isolated:
             if record_first:
                 print("\nshared run: all jobs at once on the one worker group", file=stream)
-            body, calls = _run(runtime, jobs, "shared", "", stream, live)
+            body, calls = _run(runtime, jobs, "shared", "", stream, live, devices)
             written.append(_timeline(out, "shared", calls, jobs, ""))
     finally:
         runtime.close()
     if not isolated:
         from plexrl.demo.artifacts import write_curves
-        body["comparison"] = _compare(body, found, stream, command_of(quick, out))
+        body["comparison"] = _compare(body, found, stream, command_of(quick, out, devices))
         iso = {n: j["rewards"] for n, j in found["jobs"].items()} if found else None
         written.append(write_curves(out / "reward-curves.png",
                                     {n: j["rewards"] for n, j in body["jobs"].items()}, iso))
@@ -121,7 +124,8 @@ def _print_plan(jobs, quick, mode, this_stamp, stream) -> None:
           "answers after the stated latency, the same isolated and shared", file=stream)
 
 
-def _run(runtime, jobs, mode: str, prefix: str, stream, live) -> tuple[dict, list[dict]]:
+def _run(runtime, jobs, mode: str, prefix: str, stream, live,
+         devices: int = 1) -> tuple[dict, list[dict]]:
     """Run ``jobs`` (``mode`` isolated or shared, names prefixed), print what they learned;
     the run's body (usage, per-job results) and its calls."""
     from plexrl.demo.progress import Progress
@@ -137,6 +141,7 @@ def _run(runtime, jobs, mode: str, prefix: str, stream, live) -> tuple[dict, lis
     used = usage(calls, jobs, prefix)
     if mode == "isolated":      # the group holds one job at a time: the sum of their spans
         used["held_s"] = sum(j["held_s"] for j in used["jobs"].values())
+    used["devices"] = devices
     _print_learning(results, stream)
     body = {"mode": mode, "usage": used,
             "jobs": {n: {**asdict(r), "first20": r.fifths[0], "last20": r.fifths[1],
@@ -168,7 +173,7 @@ def _compare(shared: dict, baseline: dict | None, stream, command: str) -> dict 
     if baseline is None:
         print(f"\nno isolated record in this --out; make one with: {command} --isolated "
               f"--record", file=stream)
-        print(f"shared: {use['held_s'] / use['steps']:.4f} device-s/step, utilisation "
+        print(f"shared: {_device_s(use) / use['steps']:.4f} device-s/step, utilisation "
               f"{use['busy_s'] / use['held_s']:.2f}", file=stream)
         return None
     base = baseline["usage"]
@@ -177,17 +182,22 @@ def _compare(shared: dict, baseline: dict | None, stream, command: str) -> dict 
           file=stream)
     for name, u in rows.items():
         print(f"{name:<9} {u['held_s']:>8.1f} {u['busy_s']:>8.1f} "
-              f"{u['held_s'] / u['steps']:>13.4f} {u['busy_s'] / u['held_s']:>11.2f}", file=stream)
+              f"{_device_s(u) / u['steps']:>13.4f} {u['busy_s'] / u['held_s']:>11.2f}", file=stream)
     idle = {n: j["idle_share"] for n, j in base["jobs"].items()}
     print("idle share of each job alone (device waiting on its driver and verifier): "
           + ", ".join(f"{n} {s:.0%}" for n, s in idle.items()), file=stream)
     slowdowns = {n: j["mean_step_s"] / baseline["jobs"][n]["mean_step_s"]
                  for n, j in shared["jobs"].items()}
-    saving = 1 - use["held_s"] / base["held_s"]
+    saving = 1 - _device_s(use) / _device_s(base)
     print("slowdown (mean GRPO step, shared / isolated): "
           + ", ".join(f"{n} {s:.2f}x" for n, s in slowdowns.items()), file=stream)
     print(f"saving: {saving:.1%} fewer device-seconds than running the jobs one after another",
           file=stream)
     return {"slowdown": slowdowns, "saving_frac": saving, "idle_share_isolated": idle,
-            "device_s_per_step": {k: u["held_s"] / u["steps"] for k, u in rows.items()},
+            "device_s_per_step": {k: _device_s(u) / u["steps"] for k, u in rows.items()},
             "utilisation": {k: u["busy_s"] / u["held_s"] for k, u in rows.items()}}
+
+
+def _device_s(usage: dict) -> float:
+    """Device-seconds a run held its group for: its devices x its held seconds."""
+    return usage.get("devices", 1) * usage["held_s"]

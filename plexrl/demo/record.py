@@ -42,9 +42,10 @@ def git_describe() -> str:
     return described or "unknown"
 
 
-def stamp(jobs, *, version: str | None = None) -> dict:
+def stamp(jobs, *, version: str | None = None, devices: int = 1) -> dict:
+    """What a record must match: the code, the jobs, their seeds and the group's devices."""
     return {"code_version": version or code_version(), "config_hash": config_hash(jobs),
-            "seeds": {j.name: j.seed for j in jobs}}
+            "seeds": {j.name: j.seed for j in jobs}, "devices": devices}
 
 
 def write_record(out: Path, this_stamp: dict, body: dict) -> Path:

@@ -48,17 +48,18 @@ class JobResult:
         return float(np.mean(self.step_s))
 
 
-def start_runtime(device_bytes: int | None = None, threads: int = 1):
-    """The local runtime: one worker group of 1 emulated device, ``threads`` torch threads."""
+def start_runtime(device_bytes: int | None = None, threads: int = 1, devices: int = 1):
+    """The local runtime: one worker group of ``devices`` emulated devices (each model
+    sharded over them), ``threads`` torch threads per rank."""
     import ray
 
     import plexrl
     from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
     from plexrl.runtime.transport import init_local
     if not ray.is_initialized():
-        init_local(num_devices=1, num_cpus=2)
+        init_local(num_devices=devices, num_cpus=2)
     settings = {} if device_bytes is None else {"device_bytes": device_bytes}
-    config = RuntimeConfig(worker_groups=(WorkerGroupConfig(WORKER_GROUP, 1),), threads=threads,
+    config = RuntimeConfig(worker_groups=(WorkerGroupConfig(WORKER_GROUP, devices),), threads=threads,
                            **settings)
     return plexrl.connect(None, config=config)
 

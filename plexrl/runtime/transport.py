@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from plexrl.errors import CallError, ServiceLost
 from plexrl.protocol import CallRequest, JobRequest, Ticket
-from plexrl.runtime.config import RuntimeConfig
+from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
 from plexrl.runtime.control.controller import Controller
 from plexrl.runtime.control.executor import DEVICE_RESOURCE
 
@@ -49,13 +49,17 @@ def init_local(num_devices: int, **kwargs) -> None:
 class RayTransport:
     """One controller (and its services) per connection, closed with ``close``; or, with
     ``controller=NAME``, a connection to a controller another driver started (it stays up).
+    ``devices=N`` makes the config's first worker group one of N devices, the only one.
 
     While the connection is open, a thread renews the lease of every job registered through
     it; a driver that dies stops renewing, and its jobs end after ``lease_s``."""
 
     def __init__(self, address: str = "local", *, config: RuntimeConfig | None = None,
-                 controller: str | None = None):
+                 controller: str | None = None, devices: int | None = None):
         self.config = config or RuntimeConfig()
+        if devices is not None:   # one worker group of that many devices (a rank each)
+            self.config = replace(self.config, worker_groups=(
+                WorkerGroupConfig(self.config.worker_groups[0].name, devices),))
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if address == "local":

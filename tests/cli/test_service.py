@@ -199,3 +199,15 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_up_splits_its_devices_into_equal_groups_and_refuses_an_uneven_split():
+    from argparse import Namespace
+
+    from plexrl.cli.service import _config
+    from plexrl.errors import ConfigError
+    unset = dict(device_bytes=None, host_bytes=None, lease_s=None, queue_policy=None)
+    config = _config(Namespace(devices=4, groups=2, **unset))
+    assert [(g.name, g.num_devices) for g in config.worker_groups] == [("wg0", 2), ("wg1", 2)]
+    with pytest.raises(ConfigError, match="--devices 3 cannot be split into 2"):
+        _config(Namespace(devices=3, groups=2, **unset))
