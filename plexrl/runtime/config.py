@@ -21,6 +21,9 @@ from plexrl.protocol import NodeId, WorkerGroupId
 class WorkerGroupConfig:
     name: str = option(doc="worker group id")
     num_devices: int = option(1, unit="count", min=1, doc="devices reserved for the group")
+    purpose: str = option("any", choices=("any", "train", "rollout"),
+                          doc="which model copies it hosts: any, trainer copies (train) or "
+                              "rollout copies (rollout)")
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ def cluster_spec(config: RuntimeConfig, nodes: dict[str, str]) -> ClusterSpec:
              Direction.SPILL: config.bytes_per_s / 4, Direction.RESTORE: config.bytes_per_s / 4}
     groups = {WorkerGroupId(g.name): WorkerGroupSpec(wg=WorkerGroupId(g.name),
                                                      nodes=(NodeId(nodes[g.name]),),
-                                                     num_devices=g.num_devices)
+                                                     num_devices=g.num_devices,
+                                                     purpose=g.purpose)
               for g in config.worker_groups}
     devices: dict[NodeId, int] = {}
     for group in groups.values():

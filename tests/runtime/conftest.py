@@ -21,7 +21,8 @@ def connect(ray_session):
     opened = []
 
     def start(groups=(("wg0", 1),), **settings) -> Runtime:
-        config = RuntimeConfig(worker_groups=tuple(WorkerGroupConfig(n, d) for n, d in groups),
+        """``groups``: (name, devices) or (name, devices, purpose) each."""
+        config = RuntimeConfig(worker_groups=tuple(WorkerGroupConfig(*g) for g in groups),
                                check_invariants=True, **settings)
         runtime = Runtime(RayTransport(config=config))
         opened.append(runtime)

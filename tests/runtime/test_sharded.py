@@ -3,6 +3,8 @@
 - a model whose States do not fit one device is placed on, and trains on, a 2-rank group,
   each rank holding half of its bytes, with the tokens and (within fp32 reduce order) the
   losses of one device large enough to hold it; one that fits no group is refused;
+- a rollout copy on another group than its trainer copy takes the trainer's weights at each
+  SYNC_WEIGHTS (gathered from the trainer's ranks): bitwise the run of one group;
 - a rank killed mid-call fails its group's jobs with ``ServiceLost`` naming the rank, its
   HOST copies outlive it, and a job on another group finishes its steps.
 
@@ -18,6 +20,8 @@ import pytest
 import ray
 
 import grpo_like
+from safetensors.torch import load_file
+
 from plexrl.errors import PlacementError, ServiceLost
 from plexrl.runtime.models import model_spec
 
@@ -92,3 +96,38 @@ def test_a_rank_killed_mid_call_fails_its_group_with_service_lost_naming_it(conn
         assert grpo_like.step(jobs[survivor], k)["tokens"].shape == (4, grpo_like.MAX_TOKENS)
     left = {unquote(p.name) for p in (rank1_host / "named").iterdir()}
     assert any(name.startswith(f"{victim}/") for name in left), left   # HOST copies outlived it
+
+
+def _split(groups) -> dict:
+    return {"groups": groups, "device_bytes": JOB_BYTES + 8 * P}
+
+
+def test_a_rollout_copy_on_another_group_runs_bitwise_as_on_the_trainers_group(connect,
+                                                                             tmp_path):
+    runs = {}
+    for name, groups in {"one": (("wg0", 1),),
+                         "split": (("train", 1, "train"), ("roll", 1, "rollout"))}.items():
+        runtime = connect(**_split(groups))
+        job = runtime.register_job("a", {"policy": SPEC}, seed=7)
+        steps = [grpo_like.step(job, k) for k in range(3)]
+        job.save(str(tmp_path / f"{name}.safetensors")).result()
+        runs[name] = (steps, runtime.inspect("status")["jobs"]["a"])
+    assert set(runs["split"][1].values()) == {"train", "roll"}, runs["split"][1]
+    for k, (one, split) in enumerate(zip(runs["one"][0], runs["split"][0])):
+        for key in ("tokens", "gen_logprobs", "old_logprobs"):
+            assert np.array_equal(one[key], split[key]), (k, key)
+    a, b = (load_file(str(tmp_path / f"{n}.safetensors")) for n in ("one", "split"))
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in ("weights", "optimizer"))
+
+
+def test_a_sharded_trainer_syncs_its_gathered_weights_to_a_rollout_group(connect):
+    runtime = connect(**_split((("train", 2, "train"), ("roll", 1, "rollout"))))
+    job = runtime.register_job("a", {"policy": SPEC}, seed=7)
+    for k in range(3):   # on-policy: each step samples the weights the trainer just made
+        out = grpo_like.step(job, k, lr=5e-2)
+        prompts = [p for p in grpo_like.PROMPTS for _ in range(grpo_like.GROUP)]
+        for i, prompt in enumerate(prompts):   # token t's logprob sits at column t
+            n = int((out["gen_logprobs"][i] != 0).sum())
+            np.testing.assert_allclose(out["gen_logprobs"][i, :n],
+                                       out["old_logprobs"][i, len(prompt):len(prompt) + n],
+                                       atol=1e-4, err_msg=f"step {k} row {i}")

@@ -291,12 +291,6 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         """Create the job's States on its services (on HOST, where the core put them)."""
         failed = None
         try:
-            for role, spec in record.request.models:
-                places = {record.groups[(role, c)] for c in copies_of(role, spec)}
-                if len(places) > 1:
-                    raise PlacementError(f"job {job}: the copies of its {role} model went to "
-                                         f"{sorted(places)}; the runtime keeps them on one worker "
-                                         "group (SYNC_WEIGHTS is a local copy)", job=job)
             await asyncio.gather(*(self.executor.bind(
                 record.groups[(role, copy)], job, record.token, role, copy, spec,
                 record.request.seed, self._sizes(job, role, copy), self._tiers(job, role, copy))

@@ -20,7 +20,7 @@ import ray
 
 from plexrl.core import events as ev
 from plexrl.errors import ServiceLost
-from plexrl.protocol import CallId, State, StateKey, WorkerGroupId
+from plexrl.protocol import CallId, Copy, Function, State, StateKey, WorkerGroupId
 from plexrl.runtime.control import recovery
 from plexrl.runtime.control.jobs import PendingCall
 from plexrl.runtime.workers.order import CallOrder
@@ -42,8 +42,16 @@ class CallDispatch:
         self.journal.dispatching(pending.request.job, pending.request.seq, call,
                                  pending.copy_seq, wg)   # before the go
         order = CallOrder(pending.request, call, pending.workspace_bytes, pending.copy_seq,
-                          after)
+                          after, self._source_of(pending.request, wg))
         self._spawn(self._call_done(pending, self.executor.dispatch(wg, order)))
+
+    def _source_of(self, request, wg: WorkerGroupId):
+        """For a SYNC_WEIGHTS whose trainer copy is on another group: that group's service."""
+        if request.function != Function.SYNC_WEIGHTS or self.config.engine != "torch":
+            return None
+        record = self.jobs.get(request.job)
+        trainer = record.groups.get((request.role, Copy.TRAINER)) if record else None
+        return self.executor.services.get(trainer) if trainer not in (None, wg) else None
 
     async def _call_done(self, pending: PendingCall, done) -> None:
         end = time.monotonic()

@@ -195,6 +195,10 @@ class ServiceActor:
         join their rows; a rank found dead makes it a ``ServiceLost``."""
         if self._dead_rank is not None:
             raise self._lost(self._dead_rank)
+        if order.source is not None:   # the trainer copy is on another group: its weights
+            request = order.request
+            payload = {**(payload or {}), "trainer_weights":
+                       order.source.whole_weights.remote(request.job, request.role)}
         running = [peer.rank_run.remote(order, payload) for peer in self._peers]
         try:
             result, saved = self._run_here(order, payload)
@@ -226,6 +230,8 @@ class ServiceActor:
         """Run the call; after an OPTIM_STEP that makes a version the job checkpoints at,
         write the checkpoint before any other call of this group runs."""
         request = order.request
+        if isinstance((payload or {}).get("trainer_weights"), ray.ObjectRef):
+            payload = {**payload, "trainer_weights": payload["trainer_weights"].future().result()}
         result = self._service.run(order, payload)
         saved = None
         if request.function == Function.SAVE:
@@ -275,6 +281,15 @@ class ServiceActor:
         if not slot.record.done():
             slot.record.set_result(None)
         _resolve(slot.handed)
+
+    async def whole_weights(self, job: str, role) -> object:
+        """A trainer copy's whole weights, for a SYNC_WEIGHTS on another group: gathered on
+        the copy thread of every rank (the compute thread may be running a call, or waiting
+        on another group)."""
+        here = self._on(self._copy, self._service.whole_weights, job, role)
+        answers = await asyncio.gather(here, self._everywhere("whole_weights", job, role))
+        _raise_first(answers[1])
+        return answers[0]
 
     # -- transitions and records -------------------------------------------------------------
     async def moves(self, batch: list[tuple]) -> list:

@@ -30,6 +30,9 @@ class CallOrder:
     workspace_bytes: int         #: device bytes reserved while it runs
     copy_seq: int = 0            #: its place among its job's calls on its model copy, from 0
     after: tuple[str, int] | None = None   #: (job, seq) of the call it was sent behind
+    #: a SYNC_WEIGHTS whose trainer copy is on another worker group: that group's service,
+    #: which gives the trainer's whole weights (``ServiceActor.whole_weights``)
+    source: object = None
 
 
 def hosted_job(jobs: dict, wg: str, request: CallRequest):

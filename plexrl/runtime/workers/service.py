@@ -144,6 +144,21 @@ class Service:
                               options=(("path", path),))
         return self._save(request, hosted.models[Role(role)], None)
 
+    def whole_weights(self, job: JobId, role: Role) -> np.ndarray | None:
+        """The trainer copy's whole weights, wherever they are (rank 0 of a group of several
+        devices gathers them; the other ranks answer None). Runs on the copy thread."""
+        hosted = self.jobs.get(job)
+        if hosted is None or Role(role) not in hosted.models:
+            raise CallError(f"worker group {self.wg}: job {job} has no {role} trainer copy here",
+                            job=job)
+        held = np.array(self.store.read(_name(StateKey(job, Role(role), Copy.TRAINER,
+                                                       State.WEIGHTS))))
+        if self.world == 1:
+            return held
+        whole = hosted.models[Role(role)].engine.gather_state(torch.from_numpy(held),
+                                                              on_copy_thread=True)
+        return None if whole is None else whole.numpy()
+
     def unbind(self, job: JobId) -> None:
         with self._lock:
             self.jobs.pop(job, None)
@@ -262,8 +277,15 @@ class Service:
         return {**out, "version": model.optim_steps}
 
     def _sync_weights(self, request: CallRequest, model: HostedModel, payload) -> dict:
-        trainer = self.store.read(_name(StateKey(request.job, request.role, Copy.TRAINER,
-                                                 State.WEIGHTS)))
+        """The rollout copy takes the trainer's weights: from this service, or the whole
+        weights of a trainer copy on another group (``trainer_weights``), of which each rank
+        takes its share."""
+        if "trainer_weights" in payload:
+            whole = torch.from_numpy(np.asarray(payload["trainer_weights"]))
+            trainer = (whole if self.world == 1 else model.engine.take_state(whole)).numpy()
+        else:
+            trainer = self.store.read(_name(StateKey(request.job, request.role, Copy.TRAINER,
+                                                     State.WEIGHTS)))
         with self._use(request, Copy.ROLLOUT, State.WEIGHTS) as (weights,):
             np.copyto(weights.numpy(), trainer)
         model.rollout_version = request.version

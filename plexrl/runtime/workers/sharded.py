@@ -76,11 +76,19 @@ def join_group(address: str, rank: int, world: int) -> str:
     """Join this process to its worker group's process group at ``address`` (``tcp://ip:port``
     of rank 0). Gloo: the engine's tensors live in host memory (the DEVICE tier is a budget
     over them), and NCCL takes CUDA tensors only. Returns the backend."""
+    global _COPY_GROUP
     backend = "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+        _COPY_GROUP = dist.new_group(backend=backend, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
     return backend
+
+
+#: a second process group over the same ranks, for the collectives of the copy thread
+#: (``gather_state(..., on_copy_thread=True)``): a group's collectives must come in one order
+#: on every rank, and the compute thread's and the copy thread's interleave differently
+_COPY_GROUP = None
 
 
 _GATHERED: dict[int, torch.Tensor] = {}   #: the all-gather workspace of each padded length
@@ -204,12 +212,14 @@ class ShardedEngine:
 
     # --- whole States, for SAVE and LOAD (a checkpoint does not depend on the world size) ---
 
-    def gather_state(self, buffer: torch.Tensor, optimizer: bool = False) -> torch.Tensor | None:
+    def gather_state(self, buffer: torch.Tensor, optimizer: bool = False,
+                     on_copy_thread: bool = False) -> torch.Tensor | None:
         """The whole flat State on rank 0 (None on the others), laid out as one device
-        holds it."""
+        holds it; ``on_copy_thread`` gathers over the copy thread's process group."""
         parts = [torch.empty_like(buffer) for _ in range(self.shard.world)] \
             if self.shard.rank == 0 else None
-        dist.gather(buffer.contiguous(), parts, dst=0)
+        dist.gather(buffer.contiguous(), parts, dst=0,
+                    group=_COPY_GROUP if on_copy_thread else None)
         if parts is None:
             return None
         n, size = self.local.numel, self.numel
