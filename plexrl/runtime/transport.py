@@ -151,16 +151,18 @@ class RayTransport:
         return out
 
     def _ran(self, out: Future, done: Future, request: CallRequest) -> None:
-        """The service's answer; if the service died, the controller's ``ServiceLost`` for
-        the job (with its last checkpoint) instead of Ray's error."""
+        """The service's answer; if the service (or a rank of its group) died, the
+        controller's ``ServiceLost`` for the job (with its last checkpoint) instead."""
         try:
             _set(out, value=done.result())
             return
         except ray.exceptions.RayActorError as err:
             died = err
         except Exception as err:
-            _set(out, error=_unwrap(err))
-            return
+            if not isinstance(_unwrap(err), ServiceLost):
+                _set(out, error=_unwrap(err))
+                return
+            died = err   # a rank of the group died: the controller's error names the checkpoint
         ticket = Ticket(request.job, request.token)
 
         def named(answer: Future) -> None:

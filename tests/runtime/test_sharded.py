@@ -13,6 +13,7 @@ Few and small: two ranks on two cores are slow.
 
 from __future__ import annotations
 
+import time
 from urllib.parse import unquote
 
 import numpy as np
@@ -22,7 +23,7 @@ import ray
 import grpo_like
 from safetensors.torch import load_file
 
-from plexrl.errors import PlacementError, ServiceLost
+from plexrl.errors import CallError, PlacementError, ServiceLost
 from plexrl.runtime.models import model_spec
 
 SPEC = model_spec("policy", source="tiny-qwen2")
@@ -56,6 +57,12 @@ def test_a_model_too_big_for_one_device_trains_on_two_ranks_as_on_one_big_device
     ranks = [r["device_bytes"] for r in held["ranks"]]
     assert len(ranks) == 2 and sum(ranks) == held["device_bytes"]
     assert all(abs(r - held["device_bytes"] / 2) <= 64 for r in ranks), ranks  # about half each
+    big_model = model_spec("policy", source="small-qwen2")   # fits no group here: refused
+    with pytest.raises(PlacementError, match=r"\d{6,}"):
+        sharded.register_job("huge", {"policy": big_model}, seed=1)
+    assert set(sharded.inspect("status")["jobs"]) == {"a"}
+    with pytest.raises(CallError, match="bytes of device workspace"):   # never fits: refused
+        job.generate([[1, 2, 3]] * 64, step=2, max_tokens=200).result()
 
     big = connect(device_bytes=2 * ONE_DEVICE)
     alone = big.register_job("a", {"policy": SPEC}, seed=3)
@@ -66,15 +73,8 @@ def test_a_model_too_big_for_one_device_trains_on_two_ranks_as_on_one_big_device
     np.testing.assert_allclose(losses, _sft_steps(alone, 3), rtol=1e-5)
 
 
-def test_a_model_that_fits_no_group_is_refused_with_its_sizes(connect):
-    runtime = connect(groups=(("pair", 2),), device_bytes=JOB_BYTES // 4)
-    with pytest.raises(PlacementError, match=r"\d+"):
-        runtime.register_job("huge", {"policy": SPEC}, seed=1)
-    assert runtime.inspect("status")["jobs"] == {}
-
-
 def test_a_rank_killed_mid_call_fails_its_group_with_service_lost_naming_it(connect):
-    runtime = connect(groups=(("pair", 2), ("solo", 1)), device_bytes=JOB_BYTES + 8 * P)
+    runtime = connect(groups=(("pair", 2), ("solo", 1)), device_bytes=100 * P)
     jobs = {name: runtime.register_job(name, {"policy": SPEC}, seed=5) for name in ("x", "y")}
     status = runtime.inspect("status")["jobs"]
     group_of = {job: next(iter(set(groups.values()))) for job, groups in status.items()}
@@ -84,7 +84,10 @@ def test_a_rank_killed_mid_call_fails_its_group_with_service_lost_naming_it(conn
     jobs[victim].generate([[1, 2, 3]], step=0, max_tokens=2).result()   # its rollout copy is in
     rank1_host = runtime.transport.host_dir("pair") / "rank1"
     rank1 = ray.get_actor(f"plexrl-{runtime.transport.session}-service-pair-rank1")
-    running = jobs[victim].generate([[1, 2, 3]] * 8, step=0, max_tokens=64)
+    running = jobs[victim].generate([[1, 2, 3]] * 16, step=0, max_tokens=200)
+    while runtime.inspect("status")["running"] == 0 and not running.done():
+        time.sleep(0.005)   # until the core dispatched it: the kill lands while it runs
+    assert not running.done()
     ray.kill(rank1)
     with pytest.raises(ServiceLost) as lost:
         running.result()
@@ -109,7 +112,7 @@ def test_a_rollout_copy_on_another_group_runs_bitwise_as_on_the_trainers_group(c
                          "split": (("train", 1, "train"), ("roll", 1, "rollout"))}.items():
         runtime = connect(**_split(groups))
         job = runtime.register_job("a", {"policy": SPEC}, seed=7)
-        steps = [grpo_like.step(job, k) for k in range(3)]
+        steps = [grpo_like.step(job, k) for k in range(2)]
         job.save(str(tmp_path / f"{name}.safetensors")).result()
         runs[name] = (steps, runtime.inspect("status")["jobs"]["a"])
     assert set(runs["split"][1].values()) == {"train", "roll"}, runs["split"][1]
@@ -123,7 +126,7 @@ def test_a_rollout_copy_on_another_group_runs_bitwise_as_on_the_trainers_group(c
 def test_a_sharded_trainer_syncs_its_gathered_weights_to_a_rollout_group(connect):
     runtime = connect(**_split((("train", 2, "train"), ("roll", 1, "rollout"))))
     job = runtime.register_job("a", {"policy": SPEC}, seed=7)
-    for k in range(3):   # on-policy: each step samples the weights the trainer just made
+    for k in range(2):   # on-policy: each step samples the weights the trainer just made
         out = grpo_like.step(job, k, lr=5e-2)
         prompts = [p for p in grpo_like.PROMPTS for _ in range(grpo_like.GROUP)]
         for i, prompt in enumerate(prompts):   # token t's logprob sits at column t

@@ -39,8 +39,8 @@ from plexrl.core.invariants import check_decisions, check_step, enforce
 from plexrl.core.snapshot import Snapshot
 from plexrl.errors import (AuthError, CallError, ConfigError, OrderError, PlacementError,
                            ServiceLost)
-from plexrl.protocol import (CallId, CallRequest, JobId, JobRequest, State, StateKey, Ticket,
-                             Tier, WorkerGroupId)
+from plexrl.protocol import (NEEDS, CallId, CallRequest, JobId, JobRequest, State, StateKey,
+                             Ticket, Tier, WorkerGroupId)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime.control import recovery
 from plexrl.runtime.observe.call_log import CallLog
@@ -207,6 +207,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                     record.groups.get((request.role, request.copy)))
                 pending.workspace_bytes = workspace_bytes(
                     record.spec(request.role), request, group.num_devices if group else 1)
+                self._check_fits(request, pending.workspace_bytes, group)
                 parked = record.gate(pending)
             except CallError as err:
                 self._refuse(record, pending, err)
@@ -218,6 +219,23 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                     self._queue(record, waiting)
                 for waiting, err in stale:
                     self._refuse(record, waiting, err)
+
+    def _check_fits(self, request, workspace: int, group) -> None:
+        """A call whose reserve and States can never fit its group's device memory is a
+        ``CallError`` with the sizes (it would otherwise wait for room forever)."""
+        if group is None:
+            return
+        keys = [StateKey(request.job, request.role, request.copy, s)
+                for s in NEEDS[request.function] if s != State.KV_CACHE]
+        held = sum(self.snap.states[k].num_bytes for k in keys if k in self.snap.states)
+        budget = int(self.snap.cluster.device_budget(group.wg))
+        if held + workspace > budget:
+            raise CallError(
+                f"job {request.job} call {request.seq} ({request.function}) needs {workspace} "
+                f"bytes of device workspace beside its {held} bytes of States, more than worker "
+                f"group {group.wg}'s {budget} bytes; fix: send fewer sequences or tokens per "
+                "call, or give the group more device memory", job=request.job, seq=request.seq,
+                function=str(request.function))
 
     def _refuse(self, record: JobRecord, pending: PendingCall, err: Exception) -> None:
         """A call the job cannot run: the job reads ``err`` where it sent the call."""

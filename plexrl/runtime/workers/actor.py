@@ -140,7 +140,10 @@ class ServiceActor:
     async def run(self, request, payload):
         """A job's call: waits for the controller's go, then answers the job with its result.
         A call id seen before is answered from the service's record (or waits for the run
-        already under way): a resent call never runs twice."""
+        already under way): a resent call never runs twice. Once a rank of the group died,
+        every call is a ``ServiceLost`` naming it."""
+        if self._dead_rank is not None:
+            raise self._lost(self._dead_rank)
         self._service.check_token(request)
         done = self.records.get(request.job, request.seq)
         if done is not None:
