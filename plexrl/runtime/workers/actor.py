@@ -18,7 +18,7 @@ hosts ``plexrl.runtime.workers.simulated.SimulatedService`` instead (no torch) b
 A worker group of n devices is n of these actors, one per rank, joined in one
 ``torch.distributed`` process group (``endpoint``/``join``). Rank 0, the lead, is the group's
 service for everyone else: it fans every bind, move, checkpoint and call out to the other ranks
-(``rank_run``), runs its own share, and joins the ranks' rows into one result. The calls of a
+(``rank_run``), runs its own share, and joins the ranks' answers into one (``ranks.py``). The calls of a
 group go to the ranks in the lead's order, one at a time, so every rank enters the same
 collectives in the same order. A rank that dies makes every call of the group fail with
 ``ServiceLost`` naming it (``lost_rank``), from then on.
@@ -32,12 +32,12 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import ray
 
 from plexrl.errors import ServiceLost
 from plexrl.protocol import Function
 from plexrl.runtime.workers.cores import pin_thread
+from plexrl.runtime.workers.ranks import cause, joined, merged_move, raise_first
 from plexrl.runtime.workers.recent import CallRecords, Outcome
 
 
@@ -119,7 +119,7 @@ class ServiceActor:
     async def bind(self, job: str, *args) -> None:
         here = self._on(self._compute, self._service.bind, job, *args)
         answers = await asyncio.gather(here, self._everywhere("bind", job, *args))
-        _raise_first(answers[1])
+        raise_first(answers[1])
         self._bound.add(job)
 
     async def unbind(self, job: str, err: Exception) -> None:
@@ -208,7 +208,7 @@ class ServiceActor:
         except Exception:
             self._answers(running)   # a dead rank, not this rank's error, is what happened
             raise
-        return _joined(order.request.function, result, self._answers(running)), saved
+        return joined(order.request.function, result, self._answers(running)), saved
 
     def _answers(self, running: list) -> list:
         """The other ranks' results, in rank order; any rank's error is raised (a dead rank's
@@ -220,7 +220,7 @@ class ServiceActor:
             except ray.exceptions.RayActorError as err:
                 failure = self._lost(rank, err)
             except Exception as err:   # noqa: BLE001 -- raised below, after the others
-                failure = failure or _cause(err)
+                failure = failure or cause(err)
         if failure is not None:
             raise failure
         return answers
@@ -273,7 +273,7 @@ class ServiceActor:
         weight versions (0: never)."""
         if every:
             self._checkpoints[job] = (every, where)
-        _raise_first(await self._everywhere("checkpoints", job, every, where))
+        raise_first(await self._everywhere("checkpoints", job, every, where))
 
     async def fail(self, job: str, seq: int, err: Exception) -> None:
         """The controller refused the call: its job gets ``err``."""
@@ -291,7 +291,7 @@ class ServiceActor:
         on another group)."""
         here = self._on(self._copy, self._service.whole_weights, job, role)
         answers = await asyncio.gather(here, self._everywhere("whole_weights", job, role))
-        _raise_first(answers[1])
+        raise_first(answers[1])
         return answers[0]
 
     # -- transitions and records -------------------------------------------------------------
@@ -308,7 +308,7 @@ class ServiceActor:
             return out
         here, there = await asyncio.gather(self._on(self._copy, run),
                                            self._everywhere("moves", batch))
-        return [_merged_move([mine] + [t if isinstance(t, Exception) else t[i] for t in there])
+        return [merged_move([mine] + [t if isinstance(t, Exception) else t[i] for t in there])
                 for i, mine in enumerate(here)]
 
     async def transitions(self, failed: bool = False, start: int = 0) -> list[dict]:
@@ -358,37 +358,6 @@ class ServiceActor:
     @staticmethod
     async def _on(pool: ThreadPoolExecutor, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-
-
-def _joined(function: Function, mine, theirs: list):
-    """One result from the ranks' results: GENERATE and LOGPROBS rows end to end in rank
-    order; every other call answers the same on every rank (the lead's)."""
-    if function not in (Function.GENERATE, Function.LOGPROBS) or not theirs:
-        return mine
-    return {k: np.concatenate([v] + [t[k] for t in theirs])
-            if isinstance(v, np.ndarray) and v.ndim >= 1 else v for k, v in mine.items()}
-
-
-def _merged_move(answers: list):
-    """One move on every rank at once: its bytes are the ranks' sum, its time the slowest
-    rank's; any rank's error is the move's."""
-    for answer in answers:
-        if isinstance(answer, Exception):
-            return answer
-    return {"seconds": max(a["seconds"] for a in answers),
-            "num_bytes": sum(a["num_bytes"] for a in answers)}
-
-
-def _raise_first(answers: list) -> None:
-    for answer in answers:
-        if isinstance(answer, Exception):
-            raise _cause(answer)
-
-
-def _cause(err: Exception) -> Exception:
-    """The runtime's own error inside Ray's wrapper."""
-    cause = getattr(err, "cause", None)
-    return cause if isinstance(cause, Exception) else err
 
 
 def _answer(outcome: Outcome):
