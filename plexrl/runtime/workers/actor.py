@@ -18,9 +18,9 @@ hosts ``plexrl.runtime.workers.simulated.SimulatedService`` instead (no torch) b
 A worker group of n devices is n of these actors, one per rank, joined in one
 ``torch.distributed`` process group (``endpoint``/``join``). Rank 0, the lead, is the group's
 service for everyone else: it fans every bind, move, checkpoint and call out to the other ranks
-(``rank_run``), runs its own share, and joins the ranks' answers into one (``ranks.py``). The calls of a
-group go to the ranks in the lead's order, one at a time, so every rank enters the same
-collectives in the same order. A rank that dies makes every call of the group fail with
+(``rank_run``), runs its own share, and joins the ranks' answers into one (``ranks.py``). The
+calls of a group go to the ranks in the lead's order, one at a time, so every rank enters the
+same collectives in the same order. A rank that dies makes every call of the group fail with
 ``ServiceLost`` naming it (``lost_rank``), from then on.
 Must not know: scheduling, or what a call computes.
 """
