@@ -18,6 +18,7 @@ from plexrl.core import events as ev
 from plexrl.core.decisions import Move
 from plexrl.errors import ServiceLost
 from plexrl.protocol import State, Tier
+from plexrl.runtime.workers.ranks import cause
 
 
 class StateMoves:
@@ -69,8 +70,3 @@ class StateMoves:
             self._spawn(self._end_job(move.key.job, record, cause(err)))
         else:
             self._plan()
-
-
-def cause(err: Exception) -> Exception:
-    """The runtime's own error inside Ray's wrapper."""
-    return getattr(err, "cause", None) or err
