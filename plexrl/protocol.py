@@ -104,9 +104,17 @@ class StateKey:
     role: Role
     copy: Copy
     state: State
+    lane: int = 0                #: which rollout lane of the copy (0: the copy itself)
 
     def __str__(self) -> str:
-        return f"{self.job}/{self.role}/{self.copy}/{self.state}"
+        lane = f"#{self.lane}" if self.lane else ""
+        return f"{self.job}/{self.role}/{self.copy}{lane}/{self.state}"
+
+
+def copy_id(role: Role, copy: Copy, lane: int = 0) -> tuple:
+    """How bindings and call order name one copy: ``(role, copy)``; a rollout lane other than
+    the first adds its number, ``(role, copy, lane)`` (docs/design.md, D202)."""
+    return (role, copy) if lane == 0 else (role, copy, lane)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
             return Delta(calls_added=new.queued[len(old.queued):])
         case e.CallFinished(wg=wg):
             call = old.running[wg]
-            weights = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+            weights = StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane)
             # its job's learned service times feed the queue policy on all the job's groups
             return Delta(states=(weights,) if new.states is not old.states else (),
                          groups=frozenset((wg, *old.jobs[call.job].bindings.values())))
@@ -81,9 +81,9 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
         case d.Dispatch(wg=wg):
             return Delta(calls_removed=(new.behind.get(wg) or new.running[wg],),
                          groups=frozenset((wg,)))
-        case d.Place(job=job, role=role, copy=copy, wg=wg, carve=None):
+        case d.Place(job=job, role=role, copy=copy, wg=wg, carve=None, lane=lane):
             was = old.jobs.get(job)
-            keys = keys_of(job, new.jobs[job].spec.model(role), copy)
+            keys = keys_of(job, new.jobs[job].spec.model(role), copy, lane)
             return Delta(states=keys, rebound=(job,),
                          groups=frozenset((wg, *(was.bindings.values() if was else ()))))
     return diff(old, new)

@@ -21,6 +21,7 @@ class Place:
     copy: Copy
     wg: WorkerGroupId
     carve: WorkerGroupSpec | None = None  #: a new group cut from free devices for this copy
+    lane: int = 0                #: which rollout lane of the copy (D202)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class CallQueued:
     num_tokens: int = 0          #: work size: tokens to generate or to train on
     version: int = 0             #: GENERATE: weight version it must sample from; SYNC_WEIGHTS: version it installs
     workspace_bytes: int = 0     #: device bytes the call reserves while it runs (activations)
+    lane: int = 0                #: GENERATE, SYNC_WEIGHTS: the rollout lane it runs on (D202)
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     if dec.wg != call.wg or busy:
         out.append(Violation(Invariant.AFFINITY, f"call {call.call} of {call.job} bound to {call.wg} "
                              f"dispatched on {dec.wg} (busy: {busy})"))
-    expected = snap.jobs[call.job].next_seq[(call.role, call.copy)]
+    expected = snap.jobs[call.job].next_seq[call.copy_id]
     if call.seq != expected:
         out.append(Violation(Invariant.ORDER, f"{call.job} call seq {call.seq} before seq {expected}"))
     foreign = [k for k in dec.uses if k.job != call.job]
@@ -116,7 +116,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     if call.function == Function.GENERATE:
         out.extend(_check_staleness(snap, call))
     if call.function == Function.SYNC_WEIGHTS:
-        have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS))
+        have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane))
         if call.version <= have:
             out.append(Violation(Invariant.VERSION_FORWARD, f"{call.job} SYNC_WEIGHTS installs "
                                  f"version {call.version} over version {have}"))
@@ -126,7 +126,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
 def _check_staleness(snap: Snapshot, call) -> list[Violation]:
     stale = snap.jobs[call.job].spec.staleness
     want = max(0, call.step - stale)
-    have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS))
+    have = version_at_start(snap, call, StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane))
     if call.version != want or have != want:
         return [Violation(Invariant.STALENESS, f"{call.job} GENERATE step {call.step} wants version "
                           f"{want}, call says {call.version}, rollout weights are {have}")]

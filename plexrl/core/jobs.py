@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from plexrl.protocol import (COPY_OF, NEEDS, STATES_OF, Copy, Function, JobId, ModelSpec, Role,
-                             State, StateKey, WorkerGroupId)
+                             State, StateKey, WorkerGroupId, copy_id)
 
 GRAD_BYTES_PER_PARAM = 4
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -67,11 +67,13 @@ class JobSpec:
     pools: tuple[PoolRequest, ...] = ()  #: copies placed on groups cut at admission
     num_steps: int = 0           #: training steps the job will run (0: unknown)
     step_s: float = 0.0          #: expected step time, declared or from history (0: unknown)
+    rollout_lanes: int = 1       #: the policy's rollout copy as this many lanes, each bound to
+    #: its own candidate group; GENERATE and SYNC_WEIGHTS name their lane (D202)
 
     @cached_property
     def placement_key(self) -> str:
         """What placement depends on (models and pool requests, not the id); equal for twins."""
-        return repr((self.models, self.candidates, self.pools))
+        return repr((self.models, self.candidates, self.pools, self.rollout_lanes))
 
     @property
     def expected_s(self) -> float:
@@ -83,6 +85,16 @@ class JobSpec:
             if decl.role == role:
                 return decl
         raise KeyError(f"job {self.job} has no {role} model")
+
+    def lanes(self, role: Role, copy: Copy) -> int:
+        """How many lanes a copy has: ``rollout_lanes`` for the policy's rollout copy, else 1."""
+        return self.rollout_lanes if (role, copy) == (Role.POLICY, Copy.ROLLOUT) else 1
+
+    @property
+    def copy_ids(self) -> set[tuple]:
+        """Every copy placement must bind, lanes included (``copy_id`` keys)."""
+        wanted = {(r, c) for r, c, _ in self.candidates} | {(q.role, q.copy) for q in self.pools}
+        return {copy_id(r, c, lane) for r, c in wanted for lane in range(self.lanes(r, c))}
 
 
 def states_of(decl: ModelDecl, copy: Copy) -> tuple[State, ...]:
@@ -158,5 +170,5 @@ def device_bytes_needed(decl: ModelDecl, copy: Copy, wg_devices: int,
                if s != State.KV_CACHE and not pinned_to_host(decl, s))
 
 
-def keys_of(job: JobId, decl: ModelDecl, copy: Copy) -> tuple[StateKey, ...]:
-    return tuple(StateKey(job, decl.role, copy, s) for s in states_of(decl, copy))
+def keys_of(job: JobId, decl: ModelDecl, copy: Copy, lane: int = 0) -> tuple[StateKey, ...]:
+    return tuple(StateKey(job, decl.role, copy, s, lane) for s in states_of(decl, copy))

@@ -21,7 +21,7 @@ from plexrl.core.costs import lane_bytes
 from plexrl.core.jobs import keys_of, pinned_to_host, state_bytes
 from plexrl.core.snapshot import CallView, JobView, Snapshot, StateView
 from plexrl.core.usage import host_room
-from plexrl.protocol import Function, State, StateKey, Tier
+from plexrl.protocol import Function, State, StateKey, Tier, copy_id
 
 
 @carrying(remember=False)
@@ -69,7 +69,7 @@ def assume(snap: Snapshot, decision: d.Decision, now: float) -> Snapshot:
             at = _position(snap.queued, call)
             job = snap.jobs[call.job]
             next_seq = dict(job.next_seq)
-            next_seq[(call.role, call.copy)] = call.seq + 1
+            next_seq[call.copy_id] = call.seq + 1
             jobs = dict(snap.jobs)
             jobs[call.job] = replace(job, next_seq=next_seq)
             running, behind = dict(snap.running), snap.behind
@@ -102,11 +102,12 @@ def _position(calls: tuple[CallView, ...], call: CallView) -> int:
 def _call_view(snap: Snapshot, ev: e.CallQueued) -> CallView:
     view = CallView(call=ev.call, job=ev.job, seq=ev.seq, function=ev.function, role=ev.role,
                     wg="", queued_at=ev.at, step=ev.step, num_tokens=ev.num_tokens, version=ev.version,
-                    workspace_bytes=ev.workspace_bytes)
+                    workspace_bytes=ev.workspace_bytes, lane=ev.lane)
     job = snap.jobs.get(ev.job)
-    if job is None or (ev.role, view.copy) not in job.bindings:
-        raise KeyError(f"call {ev.call}: job {ev.job} has no placed {ev.role}/{view.copy} copy")
-    return replace(view, wg=job.bindings[(ev.role, view.copy)])
+    if job is None or view.copy_id not in job.bindings:
+        lane = f" lane {ev.lane}" if ev.lane else ""
+        raise KeyError(f"call {ev.call}: job {ev.job} has no placed {ev.role}/{view.copy}{lane} copy")
+    return replace(view, wg=job.bindings[view.copy_id])
 
 
 def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
@@ -117,7 +118,7 @@ def _call_finished(snap: Snapshot, ev: e.CallFinished) -> Snapshot:
     states = snap.states
     if call.function in (Function.OPTIM_STEP, Function.LOAD, Function.SYNC_WEIGHTS):
         # a step or a restored checkpoint makes a new trainer version; a sync installs one
-        key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+        key = StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane)
         # (a LOAD that names the version it restores, as a resumed job's does, installs it)
         named = call.function == Function.SYNC_WEIGHTS or (
             call.function == Function.LOAD and call.version > states[key].version)
@@ -191,9 +192,9 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
     spec = next(s for s in snap.pending if s.job == p.job)
     job = snap.jobs.get(p.job) or JobView(spec=spec, bindings={}, next_seq={}, admitted_at=now)
     bindings = dict(job.bindings)
-    bindings[(p.role, p.copy)] = p.wg
+    bindings[copy_id(p.role, p.copy, p.lane)] = p.wg
     next_seq = dict(job.next_seq)
-    next_seq[(p.role, p.copy)] = 0
+    next_seq[copy_id(p.role, p.copy, p.lane)] = 0
     jobs = dict(snap.jobs)
     jobs[p.job] = replace(job, bindings=bindings, next_seq=next_seq)
     states = dict(snap.states)
@@ -202,7 +203,7 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
     usable = snap.cluster.device_of(p.wg).usable_bytes
     # a new job's States start on HOST while it has room, else DISK; pinned ones (admission
     # checked their room) are counted first
-    keys = sorted(keys_of(p.job, decl, p.copy), key=lambda k: not pinned_to_host(decl, k.state))
+    keys = sorted(keys_of(p.job, decl, p.copy, p.lane), key=lambda k: not pinned_to_host(decl, k.state))
     room = host_room(snap, p.wg)
     for key in keys:
         nbytes = state_bytes(decl, p.copy, key.state, group.num_devices, usable)
@@ -214,8 +215,7 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
             room -= nbytes
         states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier, pinned=pinned)
     pending = snap.pending
-    wanted = {(r, c) for r, c, _ in spec.candidates} | {(q.role, q.copy) for q in spec.pools}
-    placed = wanted <= set(bindings)
+    placed = spec.copy_ids <= set(bindings)
     if placed:
         pending = tuple(s for s in snap.pending if s.job != p.job)
     return replace(snap, jobs=jobs, states=states, pending=pending)

@@ -39,8 +39,12 @@ def admit(snap: Snapshot, spec: JobSpec) -> list[Decision]:
             return []
         bound = snap.num_bound_jobs
         sign = -1 if snap.config.placement == "pack" else 1
-        best = min(roomy, key=lambda wg: (sign * bound[wg], -_budget(snap, wg), wg))
-        decisions.append(Place(job=spec.job, role=role, copy=copy, wg=best))
+        taken: dict[WorkerGroupId, int] = {}   # this job's lanes already on each group
+        for lane in range(spec.lanes(role, copy)):
+            best = min(roomy, key=lambda wg: (taken.get(wg, 0), sign * bound[wg],
+                                              -_budget(snap, wg), wg))
+            taken[best] = taken.get(best, 0) + 1
+            decisions.append(Place(job=spec.job, role=role, copy=copy, wg=best, lane=lane))
     return decisions
 
 

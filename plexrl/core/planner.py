@@ -46,7 +46,7 @@ def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
     """Queued calls of a group that may run next: first of their copy, version available."""
     out = []
     for call in snap.queued_by_group.get(wg, ()):
-        if call.seq != snap.jobs[call.job].next_seq[(call.role, call.copy)]:
+        if call.seq != snap.jobs[call.job].next_seq[call.copy_id]:
             continue
         if call.function == Function.GENERATE and not _version_ready(snap, call):
             continue
@@ -57,13 +57,13 @@ def runnable(snap: Snapshot, wg: WorkerGroupId) -> list[CallView]:
 
 
 def _version_ready(snap: Snapshot, call: CallView) -> bool:
-    key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+    key = StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane)
     return version_at_start(snap, call, key) == call.version
 
 
 def _version_newer(snap: Snapshot, call: CallView) -> bool:
     """A sync installs a version newer than the rollout copy's, once the trainer has it."""
-    key = StateKey(call.job, call.role, call.copy, State.WEIGHTS)
+    key = StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane)
     trainer = StateKey(call.job, call.role, Copy.TRAINER, State.WEIGHTS)
     return call.version > version_at_start(snap, call, key) and (
         trainer not in snap.states or version_at_start(snap, call, trainer) >= call.version)
@@ -76,7 +76,7 @@ def version_at_start(snap: Snapshot, call: CallView, key: StateKey) -> int:
     version = snap.states[key].version
     running = snap.running.get(call.wg)
     if not snap.config.pipeline or running is None \
-            or StateKey(running.job, running.role, running.copy, State.WEIGHTS) != key:
+            or StateKey(running.job, running.role, running.copy, State.WEIGHTS, running.lane) != key:
         return version
     if running.function == Function.OPTIM_STEP:
         return version + 1

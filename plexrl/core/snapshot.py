@@ -16,7 +16,7 @@ from plexrl.core.cluster import ClusterSpec
 from plexrl.core.estimates import Estimates
 from plexrl.core.jobs import JobSpec
 from plexrl.protocol import (COPY_OF, CallId, Copy, Function, JobId, NodeId, Role, StateKey, Tier,
-                             WorkerGroupId)
+                             WorkerGroupId, copy_id)
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,23 @@ class CallView:
     version: int = 0
     workspace_bytes: int = 0
     started_at: float | None = None
+    lane: int = 0                #: the rollout lane of its copy (0: the copy itself)
 
     @property
     def copy(self) -> Copy:
         return COPY_OF[self.function]
 
+    @property
+    def copy_id(self) -> tuple:
+        """The key of its copy in its job's bindings and call order."""
+        return copy_id(self.role, self.copy, self.lane)
+
 
 @dataclass(frozen=True)
 class JobView:
     spec: JobSpec
-    bindings: dict[tuple[Role, Copy], WorkerGroupId]
-    next_seq: dict[tuple[Role, Copy], int]   #: the seq allowed to run next, per copy
+    bindings: dict[tuple, WorkerGroupId]     #: per ``copy_id``: (role, copy[, lane])
+    next_seq: dict[tuple, int]   #: the seq allowed to run next, per copy
     admitted_at: float
     steps_done: float = 0.0      #: from the last JobProgress
     step_s: float = 0.0          #: recent step time from the last JobProgress (0: none yet)

@@ -20,7 +20,7 @@ from plexrl.protocol import CallId, State, StateKey, Tier, WorkerGroupId
 
 def needed_keys(snap: Snapshot, call: CallView) -> tuple[StateKey, ...]:
     decl = snap.jobs[call.job].spec.model(call.role)
-    return tuple(StateKey(call.job, call.role, call.copy, s)
+    return tuple(StateKey(call.job, call.role, call.copy, s, call.lane)
                  for s in needed_states(decl, call.function))
 
 

@@ -18,7 +18,8 @@ from plexrl.config import load, option
 from plexrl.errors import ConfigError
 from plexrl.protocol import ModelSpec
 
-MODES = ("colocated", "split-async", "plexrl", "plexrl-on-policy")
+MODES = ("colocated", "split-async", "plexrl", "plexrl-on-policy", "plexrl-shared",
+         "plexrl-shared-on-policy")
 STRATEGIES = ("isolated", "isolated+backfill", "pack", "spread", "spread+backfill")
 
 
@@ -106,6 +107,14 @@ class SizesConfig:
     train_gpus: int = option(unit="count", min=1, doc="training pool, split-async and plexrl")
     plexrl_private_gpus: int = option(unit="count", min=1)
     plexrl_private_choices: tuple[int, ...] = option(default_factory=tuple, unit="count", min=1)
+    fleet_gpus: int = option(0, unit="count", min=0,
+                             doc="plexrl-shared: each job's share of the rollout fleet (0: plexrl_private_gpus)")
+    fleet_choices: tuple[int, ...] = option(default_factory=tuple, unit="count", min=1)
+    fleet_group_gpus: int = option(0, unit="count", min=0,
+                                   doc="devices of one fleet group (0: one rollout instance)")
+    shared_train_choices: tuple[int, ...] = option(
+        default_factory=tuple, unit="count", min=1,
+        doc="plexrl-shared: sizes of the one training pool all jobs share (train_gpus x jobs is tried too)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,7 +309,7 @@ def _check_rollout_sizes(s: Scenario, model: str, table: SizesConfig, file: str)
                           fix=_one_of(s.models, "models"))
     tp = s.models[model].rollout_tp
     for name in ("split_rollout_gpus", "plexrl_private_gpus", "split_rollout_choices",
-                 "plexrl_private_choices"):
+                 "plexrl_private_choices", "fleet_gpus", "fleet_choices", "fleet_group_gpus"):
         values = getattr(table, name)
         for value in values if isinstance(values, tuple) else (values,):
             if value % tp:

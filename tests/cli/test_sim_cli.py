@@ -23,8 +23,11 @@ from plexrl.cli import main as cli_main
 DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-e2e.toml"
 MODELS = ["Qwen2.5-7B-Instruct", "Qwen3-235B-A22B"]
-MODES = ["colocated", "split-async", "plexrl", "plexrl-on-policy"]
-SAVINGS = {"vs_split_async", "vs_colocated", "ideal_vs_split_async", "vs_split_async_fixed"}
+MODES = ["colocated", "split-async", "plexrl", "plexrl-on-policy", "plexrl-shared",
+         "plexrl-shared-on-policy"]
+SAVINGS = {"vs_split_async", "vs_colocated", "ideal_vs_split_async", "ideal_vs_colocated",
+           "vs_split_async_fixed"}
+SHARED_SAVINGS = {"vs_split_async", "vs_colocated", "step_vs_split_async", "step_vs_colocated"}
 FIGURES = {"gpu_hours_per_step", "step_s", "bubble_frac", "decode_efficiency", "slowdown", "sizes"}
 TIMEOUT_S = 300
 
@@ -199,6 +202,8 @@ def test_json_is_one_object_with_savings_and_figures(runs):
         assert set(report["savings"][model]) >= SAVINGS
         for key in SAVINGS:
             assert isinstance(report["savings"][model][key], float), (model, key)
+        for key in SHARED_SAVINGS:
+            assert isinstance(report["savings"][model]["shared"][key], float), (model, key)
         assert sorted(report["models"][model]) == sorted(MODES)
         for mode in MODES:
             figures = report["models"][model][mode]

@@ -22,7 +22,7 @@ from plexrl.sim.experiments.sweep import expand, render_sweep, run_sweep, varian
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-sweep.toml"
 MODELS = ["Qwen2.5-7B-Instruct", "Qwen3-235B-A22B"]
-METRICS = ["vs_split_async", "vs_colocated"]
+METRICS = ["vs_split_async", "vs_colocated", "shared_vs_split_async", "shared_vs_colocated"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -116,7 +116,8 @@ def test_sweep_assembles_means_mins_and_negatives_in_order(tiny, monkeypatch):
         sigma = s.workloads["math235b"].length_sigma
         tokens = s.workloads["math235b"].max_response_tokens
         base = sigma - 1 + tokens / 1e5 + seed / 100
-        return {m: {"vs_split_async": base + k, "vs_colocated": None if k else -base}
+        return {m: {"vs_split_async": base + k, "vs_colocated": None if k else -base,
+                    "shared_vs_split_async": None, "shared_vs_colocated": None}
                 for k, m in enumerate(MODELS)}
 
     monkeypatch.setattr(sweep_module, "run_point", fake)

@@ -22,7 +22,7 @@ from plexrl.protocol import Function, JobId
 from plexrl.sim.experiments.accounting import charge, measurement_window
 from plexrl.sim.experiments.job import decode_model
 from plexrl.sim.experiments.loop import Simulation, Trace
-from plexrl.sim.experiments.modes import Layout, Sizes, build_layout
+from plexrl.sim.experiments.modes import FLEET_MODES, Layout, Sizes, build_layout, fleet_group_gpus
 from plexrl.sim.scenario import Scenario, SizesConfig
 
 
@@ -71,7 +71,8 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
         raise ConfigError(str(err), file=s.source, field="num_steps", value=s.num_steps,
                           fix=f"simulate more steps than warmup_steps ({s.warmup_steps}) + 2") from None
     devices = {wg: spec.num_devices for wg, spec in layout.cluster.worker_groups.items()}
-    charges = charge(trace, devices, layout.bound, ends, window)
+    bound = {wg: jobs or trace.bound.get(wg, []) for wg, jobs in layout.bound.items()}
+    charges = charge(trace, devices, bound, ends, window)
     jobs = {}
     for job, sim_job in layout.jobs.items():
         steps = charges.steps[job]
@@ -81,11 +82,21 @@ def run_mode(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes, s
             useful_gpu_hours_per_step=charges.useful[job] / steps / 3600,
             step_s=step_s,
             bubble_frac=1 - charges.useful[job] / charges.charged[job],
-            decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[s.warmup_steps:s.num_steps])),
+            decode_efficiency=float(np.mean(sim_job.log.decode_efficiency[
+                s.warmup_steps * sim_job.lanes:s.num_steps * sim_job.lanes])),
             slowdown=1.0)
-    result = ModeResult(mode, sizes.of(mode), jobs, sum(charges.charged.values()),
+    result = ModeResult(mode, resolved_sizes(s, mode, workloads, sizes), jobs, sum(charges.charged.values()),
                         sum(charges.allocated.values()), trace, sizes)
     return with_slowdowns(s, result, workloads, seed) if with_alone else result
+
+
+def resolved_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Sizes) -> dict[str, int]:
+    """The sizes a mode ran at, its defaults (0) replaced by what they stand for."""
+    out = sizes.of(mode)
+    if mode in FLEET_MODES:
+        out["fleet_group_gpus"] = fleet_group_gpus(s, workloads, sizes)
+        out["fleet_tenants"] = min(len(workloads), sizes.fleet_tenants or len(workloads))
+    return out
 
 
 def with_slowdowns(s: Scenario, result: ModeResult, workloads: tuple[str, ...], seed: int) -> ModeResult:
@@ -117,13 +128,22 @@ def alone_step_s(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Size
 
 
 def fixed_sizes(table: SizesConfig) -> Sizes:
+    """CALIBRATION 6.4's sizes; the fleet modes' default share is the private pool's."""
     return Sizes(table.colocated_gpus, table.split_rollout_gpus, table.train_gpus,
-                 table.plexrl_private_gpus)
+                 table.plexrl_private_gpus, table.fleet_gpus or table.plexrl_private_gpus,
+                 table.fleet_group_gpus, table.train_gpus)
 
 
 def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str, ...]) -> list[Sizes]:
     """Sizes the search tries for a mode: the fixed size and every listed choice."""
     base = fixed_sizes(table)
+    if mode in FLEET_MODES:   # the fleet's share and the training pool, searched together
+        trains = sorted({table.train_gpus, table.train_gpus * len(workloads),
+                         *table.shared_train_choices})
+        fleets = sorted({base.fleet_gpus, *table.fleet_choices})
+        tenants = [0, *(n for n in (1, 2) if n < len(workloads))]   # 0: every job per group
+        return [replace(base, fleet_gpus=f, shared_train_gpus=t, fleet_tenants=n)
+                for f in fleets for t in trains for n in tenants]
     if mode == "colocated":
         values, name = table.colocated_choices, "colocated_gpus"
     elif mode == "split-async":
@@ -138,7 +158,8 @@ def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str,
 def try_sizes(s: Scenario, mode: str, workloads: tuple[str, ...]) -> list[Sizes]:
     """Every size the search tries (only the fixed one without a search)."""
     table = s.sizes[s.workloads[workloads[0]].model]
-    return candidates(s, mode, table, workloads) if s.search_sizes else [fixed_sizes(table)]
+    return candidates(s, mode, table, workloads) if s.search_sizes else \
+        [fixed_sizes(table)]
 
 
 def tried_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int) -> dict[Sizes, ModeResult]:

@@ -20,7 +20,7 @@ from plexrl.core.costs import FLOPS_PER_TOKEN
 from plexrl.core.events import CallQueued
 from plexrl.core.jobs import JobSpec, ModelDecl
 from plexrl.core.snapshot import CallView
-from plexrl.protocol import COPY_OF, CallId, Copy, Function, JobId, Role, WorkerGroupId
+from plexrl.protocol import COPY_OF, CallId, Copy, Function, JobId, Role, WorkerGroupId, copy_id
 from plexrl.sim.scenario import ClusterConfig, ModelConfig, WorkloadConfig
 from plexrl.sim.experiments.workload import DecodeModel, RolloutResult, ToolModel, sample_lengths, simulate_rollout
 
@@ -64,8 +64,11 @@ class SimJob:
 
     def __init__(self, job: JobId, workload: WorkloadConfig, model: ModelConfig,
                  cluster: ClusterConfig, *, staleness: int, num_steps: int, seed: int,
-                 workspace_frac: float):
+                 workspace_frac: float, lanes: int = 1):
+        """``lanes``: the rollout copy's lanes; each step's batch is split over them, one
+        GENERATE chunk per lane (every ``lanes``-th sequence), and a sync goes to each."""
         self.job, self.workload, self.model, self.cluster = job, workload, model, cluster
+        self.lanes = lanes
         self.staleness, self.num_steps, self.workspace_frac = staleness, num_steps, workspace_frac
         self.max_steps = MAX_STEPS_FACTOR * num_steps  # a fast job steps on while a slow one finishes
         self.decode = decode_model(model, cluster)
@@ -77,7 +80,8 @@ class SimJob:
         self._seq: dict[tuple[Role, Copy], int] = {}
         self.log = StepLog()
         self.generated = 0        # GENERATE calls issued
-        self.generate_done = 0    # GENERATE calls finished
+        self.generate_done = 0    # steps whose every GENERATE chunk finished
+        self._chunks_done: dict[int, int] = {}
         self.synced = 0           # highest version a SYNC_WEIGHTS was issued for
         self.trained = 0          # OPTIM_STEPs finished (= trainer weight version)
         #: rollouts already simulated, shared by runs that may reuse them: see _rollout_cost
@@ -91,7 +95,7 @@ class SimJob:
             models.append(ModelDecl(Role.REFERENCE, self.model.spec(trainable=False)))
             candidates.append((Role.REFERENCE, Copy.TRAINER, train_wgs))
         return JobSpec(job=self.job, models=tuple(models), candidates=tuple(candidates),
-                       staleness=self.staleness)
+                       staleness=self.staleness, rollout_lanes=self.lanes)
 
     # -- the driver's state machine -------------------------------------------------------
     def advance(self, now: float, next_call: Callable[[], CallId]) -> list[CallQueued]:
@@ -99,29 +103,36 @@ class SimJob:
         out = []
         while True:
             issued = self._maybe_sync(now, next_call) or self._maybe_generate(now, next_call)
-            if issued is None:
+            if not issued:
                 return out
-            out.append(issued)
+            out += issued
 
-    def _maybe_sync(self, now, next_call) -> CallQueued | None:
+    def _maybe_sync(self, now, next_call) -> list[CallQueued]:
         version = self.synced + 1
         if version > self.trained or self.generated < version + self.staleness:
-            return None
+            return []
         self.synced = version
-        return self._call(Function.SYNC_WEIGHTS, Role.POLICY, now, next_call, step=version - 1,
-                          version=version)
+        return [self._call(Function.SYNC_WEIGHTS, Role.POLICY, now, next_call, step=version - 1,
+                           version=version, lane=lane) for lane in range(self.lanes)]
 
-    def _maybe_generate(self, now, next_call) -> CallQueued | None:
+    def _maybe_generate(self, now, next_call) -> list[CallQueued]:
         k = self.generated
         want = max(0, k - self.staleness)
         if k >= self.max_steps or self.generate_done < k or self.synced < want:
-            return None
+            return []
         self.generated += 1
-        return self._call(Function.GENERATE, Role.POLICY, now, next_call, step=k, version=want,
-                          num_tokens=int(self.lengths(k).sum()))
+        return [self._call(Function.GENERATE, Role.POLICY, now, next_call, step=k, version=want,
+                           num_tokens=int(self.chunk(k, lane).sum()), lane=lane)
+                for lane in range(self.lanes)]
 
-    def on_generated(self, step: int) -> None:
+    def on_generated(self, step: int) -> bool:
+        """A GENERATE chunk of ``step`` finished; True when it was the step's last."""
+        self._chunks_done[step] = self._chunks_done.get(step, 0) + 1
+        if self._chunks_done[step] < self.lanes:
+            return False
+        del self._chunks_done[step]
         self.generate_done = step + 1
+        return True
 
     def training_calls(self, step: int, now: float, next_call, device_budget: float) -> list[CallQueued]:
         """After the reward of step ``step``: the trainer copy's calls for its batch, in order."""
@@ -158,10 +169,14 @@ class SimJob:
                                               self.workload.max_response_tokens)
         return self._lengths[step]
 
+    def chunk(self, step: int, lane: int) -> np.ndarray:
+        """The response lengths of one lane's chunk of a step: every ``lanes``-th sequence."""
+        return self.lengths(step)[lane::self.lanes]
+
     def cost(self, call: CallView, num_devices: int, colocated: bool) -> CallCost:
         """How long a call really takes on a group of ``num_devices`` GPUs, and its useful work."""
         if call.function == Function.GENERATE:
-            return self._rollout_cost(call.step, num_devices)
+            return self._rollout_cost(call.step, num_devices, call.lane)
         if call.function in FLOPS_PER_TOKEN:
             flops = FLOPS_PER_TOKEN[call.function] * self.model.active_params * call.num_tokens
             seconds = flops / (self.model.mfu * self.cluster.peak_flops * num_devices)
@@ -171,7 +186,7 @@ class SimJob:
         sync_s = self.model.colocated_sync_s if colocated else self.model.weight_sync_s
         return CallCost(sync_s, 0.0)
 
-    def _rollout_cost(self, step: int, num_devices: int) -> CallCost:
+    def _rollout_cost(self, step: int, num_devices: int, lane: int = 0) -> CallCost:
         """One rollout, simulated (``simulate_rollout``), or taken from ``rollout_memo``.
 
         A job's rollouts run in step order and draw tool latencies from the job's own
@@ -181,21 +196,21 @@ class SimJob:
         restored on a hit so a later miss draws what it would have. Whoever shares one memo
         between runs vouches that they differ in nothing else (plexrl/sim/experiments/queue_study.py).
         """
-        key = (self.job, num_devices, step)
+        key = (self.job, num_devices, step, lane, self.lanes)
         if self.rollout_memo is not None and key in self.rollout_memo:
             cost, efficiency, state = self.rollout_memo[key]
             self._tools_rng.bit_generator.state = state
             self.log.decode_efficiency.append(efficiency)
             return cost
-        cost = self._simulate_rollout(step, num_devices)
+        cost = self._simulate_rollout(step, num_devices, lane)
         if self.rollout_memo is not None:
             self.rollout_memo[key] = (cost, self.log.decode_efficiency[-1],
                                       self._tools_rng.bit_generator.state)
         return cost
 
-    def _simulate_rollout(self, step: int, num_devices: int) -> CallCost:
+    def _simulate_rollout(self, step: int, num_devices: int, lane: int) -> CallCost:
         instances = max(1, num_devices // self.model.rollout_tp)
-        lengths = self.lengths(step)
+        lengths = self.chunk(step, lane)
         result: RolloutResult = simulate_rollout(lengths, self.workload.prompt_tokens, instances,
                                                  self.decode, self._tools_rng, self.tool)
         mean_ctx = self.workload.prompt_tokens + float(lengths.mean()) / 2
@@ -205,11 +220,12 @@ class SimJob:
         return CallCost(result.makespan_s, useful)
 
     def _call(self, function: Function, role: Role, now: float, next_call, *, step: int,
-              version: int = 0, num_tokens: int = 0, workspace_bytes: int = 0) -> CallQueued:
-        copy = COPY_OF[function]
-        seq = self._seq.get((role, copy), 0)
-        self._seq[(role, copy)] = seq + 1
+              version: int = 0, num_tokens: int = 0, workspace_bytes: int = 0,
+              lane: int = 0) -> CallQueued:
+        copy = copy_id(role, COPY_OF[function], lane)
+        seq = self._seq.get(copy, 0)
+        self._seq[copy] = seq + 1
         return CallQueued(call=next_call(), job=self.job, seq=seq, function=function, role=role,
                           at=now, step=step, num_tokens=num_tokens, version=version,
-                          workspace_bytes=workspace_bytes)
+                          workspace_bytes=workspace_bytes, lane=lane)
 

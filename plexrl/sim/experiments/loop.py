@@ -68,6 +68,7 @@ class Trace:
     end_s: float = 0.0
     started: dict[JobId, float] = field(default_factory=dict)  #: when each job was placed
     ended: dict[JobId, float] = field(default_factory=dict)    #: arrivals mode: when each job ended
+    bound: dict[WorkerGroupId, list[JobId]] = field(default_factory=dict)  #: jobs placed on each group
 
 
 class Simulation:
@@ -135,8 +136,8 @@ class Simulation:
     def _on_call_finished(self, call, now: float) -> None:
         job = self.jobs[call.job]
         if call.function == Function.GENERATE:
-            job.on_generated(call.step)
-            self._push(now + job.workload.reward_s, RewardReady(call.job, call.step))
+            if job.on_generated(call.step):
+                self._push(now + job.workload.reward_s, RewardReady(call.job, call.step))
         elif call.function == Function.OPTIM_STEP:
             job.on_trained(now)
             if self.arrivals is not None:
@@ -183,6 +184,9 @@ class Simulation:
             self._move(decision, now)
 
     def _on_placed(self, decision: Place, now: float) -> None:
+        on = self.trace.bound.setdefault(decision.wg, [])
+        if decision.job not in on:
+            on.append(decision.job)
         job = self.snap.jobs.get(decision.job)
         if job is not None and decision.job not in [s.job for s in self.snap.pending]:
             self.trace.started[decision.job] = now

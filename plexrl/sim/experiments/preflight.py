@@ -16,13 +16,15 @@ from plexrl.core.snapshot import Snapshot
 from plexrl.errors import ConfigError
 from plexrl.protocol import Copy, Role
 from plexrl.sim.experiments.experiment import candidates, fixed_sizes
-from plexrl.sim.experiments.modes import Sizes, build_layout
+from plexrl.sim.experiments.modes import FLEET_MODES, Sizes, build_layout
 from plexrl.sim.scenario import Scenario
 
 ROLLOUT_FIELD = {"colocated": "colocated_gpus", "split-async": "split_rollout_gpus",
-                 "plexrl": "plexrl_private_gpus", "plexrl-on-policy": "plexrl_private_gpus"}
+                 "plexrl": "plexrl_private_gpus", "plexrl-on-policy": "plexrl_private_gpus",
+                 "plexrl-shared": "fleet_gpus", "plexrl-shared-on-policy": "fleet_gpus"}
 CHOICES_FIELD = {"colocated_gpus": "colocated_choices", "split_rollout_gpus": "split_rollout_choices",
-                 "plexrl_private_gpus": "plexrl_private_choices"}
+                 "plexrl_private_gpus": "plexrl_private_choices", "fleet_gpus": "fleet_choices",
+                 "shared_train_gpus": "shared_train_choices"}
 
 
 def preflight(s: Scenario) -> None:
@@ -60,7 +62,8 @@ def _check_layout(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Siz
 def _size_field(s: Scenario, mode: str, sizes: Sizes, model: str, reason: str) -> tuple[str, int]:
     """The sizes field (or its choices) whose value made a copy fit no group."""
     rollout = mode == "colocated" or f"{Copy.ROLLOUT} copy" in reason
-    field = ROLLOUT_FIELD[mode] if rollout else "train_gpus"
+    field = ROLLOUT_FIELD[mode] if rollout else \
+        "shared_train_gpus" if mode in FLEET_MODES else "train_gpus"
     value = getattr(sizes, field)
     if value != getattr(fixed_sizes(s.sizes[model]), field):
         field = CHOICES_FIELD[field]  # the bad size came from the search's choices

@@ -19,7 +19,7 @@ REFERENCE_SAVING = {"Qwen2.5-7B-Instruct": 0.3136, "Qwen3-30B-A3B": 0.3010, "Qwe
 #: PAPER.md: bubble ratio of the jobs.
 REFERENCE_BUBBLE = {"Qwen2.5-7B-Instruct": 0.8010, "Qwen3-30B-A3B": 0.7067, "Qwen3-235B-A22B": 0.8111}
 FIGURES = ("gpu_hours_per_step", "step_s", "bubble_frac", "decode_efficiency", "slowdown")
-SHARED_MODES = ("plexrl", "plexrl-on-policy")
+SHARED_MODES = ("plexrl", "plexrl-on-policy", "plexrl-shared", "plexrl-shared-on-policy")
 
 
 def mode_json(result: ModeResult) -> dict:
@@ -37,15 +37,34 @@ def _saving(ours: ModeResult | None, base: ModeResult | None) -> float | None:
     return round(1 - ours.mean("gpu_hours_per_step") / base.mean("gpu_hours_per_step"), 6)
 
 
+def _ideal(base: ModeResult | None) -> float | None:
+    """The most any mode could save against ``base``: its share of charged, not useful, GPU-hours."""
+    if base is None:
+        return None
+    return round(1 - base.mean("useful_gpu_hours_per_step") / base.mean("gpu_hours_per_step"), 6)
+
+
 def savings(sized: dict[str, ModeResult], fixed: dict[str, ModeResult]) -> dict:
-    split = sized.get("split-async")
-    ideal = None
-    if split is not None:
-        ideal = round(1 - split.mean("useful_gpu_hours_per_step") / split.mean("gpu_hours_per_step"), 6)
+    """Savings of the plexrl modes: one step stale against split-async, on-policy against
+    colocated; ``shared``: the rollout-fleet modes (D203), with the step-time ratio
+    against the baseline (how much slower a step is for the saving)."""
+    split, coloc = sized.get("split-async"), sized.get("colocated")
+    shared_stale, shared_on = sized.get("plexrl-shared"), sized.get("plexrl-shared-on-policy")
     return {"vs_split_async": _saving(sized.get("plexrl"), split),
-            "vs_colocated": _saving(sized.get("plexrl-on-policy"), sized.get("colocated")),
-            "ideal_vs_split_async": ideal,
-            "vs_split_async_fixed": _saving(fixed.get("plexrl"), fixed.get("split-async"))}
+            "vs_colocated": _saving(sized.get("plexrl-on-policy"), coloc),
+            "ideal_vs_split_async": _ideal(split),
+            "ideal_vs_colocated": _ideal(coloc),
+            "vs_split_async_fixed": _saving(fixed.get("plexrl"), fixed.get("split-async")),
+            "shared": {"vs_split_async": _saving(shared_stale, split),
+                       "vs_colocated": _saving(shared_on, coloc),
+                       "step_vs_split_async": _step_ratio(shared_stale, split),
+                       "step_vs_colocated": _step_ratio(shared_on, coloc)}}
+
+
+def _step_ratio(ours: ModeResult | None, base: ModeResult | None) -> float | None:
+    if ours is None or base is None:
+        return None
+    return round(ours.mean("step_s") / base.mean("step_s"), 6)
 
 
 def _experiment_json(s: Scenario, name: str, sized: dict[str, ModeResult],
@@ -55,7 +74,7 @@ def _experiment_json(s: Scenario, name: str, sized: dict[str, ModeResult],
     table = s.sizes[s.workloads[exp.workloads[0]].model]
     modes = {m: mode_json(r) for m, r in sized.items()}
     for mode in modes:
-        if mode in SHARED_MODES:  # the core placement's own choice, beside the search's
+        if mode in SHARED_MODES[:2]:  # the core placement's own choice, beside the search's
             modes[mode]["core_estimate_private_gpus"] = core_private_gpus(s, exp.workloads, mode, table)
     return {"model": s.models[s.workloads[exp.workloads[0]].model].name,
             "workloads": list(exp.workloads), "description": exp.description,
@@ -123,11 +142,14 @@ def render_table(report: dict) -> str:
             lines.append(f"  {mode:<17}{r['gpu_hours_per_step']:>11.3f}{r['step_s']:>9.1f}"
                          f"{_pct(r['bubble_frac']):>8}{_pct(r['decode_efficiency']):>8}"
                          f"{r['slowdown']:>9.3f}  {sizes}")
-    lines += ["", f"  {'model':<22}{'vs split':>9}{'(fixed)':>9}{'ideal':>8}{'vs coloc':>9}{'paper':>8}"]
+    lines += ["", f"  {'model':<22}{'vs split':>9}{'(fixed)':>9}{'ideal':>8}{'vs coloc':>9}{'ideal':>8}"
+                  f"{'paper':>8}{'shared vs split':>16}{'vs coloc':>9}"]
     for model, sv in report["savings"].items():
         ref = report["reference"][model]["vs_split_async"]
         lines.append(f"  {model:<22}{_pct(sv['vs_split_async']):>9}{_pct(sv['vs_split_async_fixed']):>9}"
-                     f"{_pct(sv['ideal_vs_split_async']):>8}{_pct(sv['vs_colocated']):>9}{_pct(ref):>8}")
+                     f"{_pct(sv['ideal_vs_split_async']):>8}{_pct(sv['vs_colocated']):>9}"
+                     f"{_pct(sv['ideal_vs_colocated']):>8}{_pct(ref):>8}"
+                     f"{_pct(sv['shared']['vs_split_async']):>16}{_pct(sv['shared']['vs_colocated']):>9}")
     lines += ["", "  experiments (plexrl: per-job slowdown against the job alone)"]
     for name, exp in report["experiments"].items():
         sv = exp["savings"]

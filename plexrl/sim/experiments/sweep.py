@@ -1,4 +1,5 @@
-"""The sensitivity sweep: how plexrl's savings move as one scenario setting moves.
+"""The sensitivity sweep: how plexrl's savings move as one scenario setting moves (the
+private-pool modes' and the rollout fleet's, ``shared_*``).
 
 Owns: ``run_sweep`` (for each axis of ``[sweep.axes]``, each value, each of ``sweep.seeds``
 seeds: the scenario with that value set, the savings of the first experiment of each model,
@@ -34,7 +35,7 @@ from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.experiments.report import savings
 from plexrl.sim.scenario import Scenario, validate
 
-METRICS = ("vs_split_async", "vs_colocated")
+METRICS = ("vs_split_async", "vs_colocated", "shared_vs_split_async", "shared_vs_colocated")
 
 
 def expand(s: Scenario, target: str, value: float) -> list[str]:
@@ -105,7 +106,8 @@ def run_point(s: Scenario, seed: int, sizes: dict[str, dict[str, Sizes]] | None 
                                   seed, with_alone=False)
                    for mode in s.modes}
         saved = savings(results, results)
-        out[model] = {metric: saved[metric] for metric in METRICS}
+        flat = {**saved, **{f"shared_{k}": v for k, v in saved["shared"].items()}}
+        out[model] = {metric: flat[metric] for metric in METRICS}
     return out
 
 
