@@ -29,7 +29,7 @@ import numpy as np
 
 from plexrl.config import apply_overrides, build
 from plexrl.errors import ConfigError
-from plexrl.sim.experiments.experiment import fixed_sizes, run_mode, search
+from plexrl.sim.experiments.experiment import fixed_sizes, resolved_sizes, run_mode, search
 from plexrl.sim.experiments.modes import Sizes
 from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.experiments.report import savings
@@ -145,7 +145,8 @@ def run_sweep(s: Scenario, seed: int, max_workers: int | None = None) -> dict:
                         negative.append({"axis": axis, "value": value, "model": m,
                                          "metric": metric, "mean": mean})
         sweep[axis] = {"target": a.target, "values": list(a.values), "savings": table}
-    chosen = {name: {mode: sz.of(mode) for mode, sz in modes.items()}
+    chosen = {name: {mode: resolved_sizes(s, mode, s.experiments[name].workloads, sz)
+                     for mode, sz in modes.items()}
               for name, modes in sizes.items()}
     return {"scenario": s.name, "seed": seed, "seeds": s.sweep.seeds, "sweep": sweep,
             "negative": negative, "sizes": chosen}
