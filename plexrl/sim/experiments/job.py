@@ -77,7 +77,7 @@ class SimJob:
         self._lengths_rng = np.random.default_rng([seed, 0])
         self._tools_rng = np.random.default_rng([seed, 1])
         self._lengths: dict[int, np.ndarray] = {}
-        self._seq: dict[tuple[Role, Copy], int] = {}
+        self._seq: dict[tuple, int] = {}   # per copy_id
         self.log = StepLog()
         self.generated = 0        # GENERATE calls issued
         self.generate_done = 0    # steps whose every GENERATE chunk finished
