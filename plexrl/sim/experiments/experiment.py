@@ -22,7 +22,7 @@ from plexrl.protocol import Function, JobId
 from plexrl.sim.experiments.accounting import charge, measurement_window
 from plexrl.sim.experiments.job import decode_model
 from plexrl.sim.experiments.loop import Simulation, Trace
-from plexrl.sim.experiments.modes import FLEET_MODES, Layout, Sizes, build_layout, fleet_group_gpus
+from plexrl.sim.experiments.modes import FLEET_MODES, Layout, Sizes, build_layout, fleet_group_gpus, fleet_tenants
 from plexrl.sim.scenario import Scenario, SizesConfig
 
 
@@ -95,7 +95,7 @@ def resolved_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Si
     out = sizes.of(mode)
     if mode in FLEET_MODES:
         out["fleet_group_gpus"] = fleet_group_gpus(s, workloads, sizes)
-        out["fleet_tenants"] = min(len(workloads), sizes.fleet_tenants or len(workloads))
+        out["fleet_tenants"] = fleet_tenants(sizes, len(workloads))
     return out
 
 
@@ -158,8 +158,7 @@ def candidates(s: Scenario, mode: str, table: SizesConfig, workloads: tuple[str,
 def try_sizes(s: Scenario, mode: str, workloads: tuple[str, ...]) -> list[Sizes]:
     """Every size the search tries (only the fixed one without a search)."""
     table = s.sizes[s.workloads[workloads[0]].model]
-    return candidates(s, mode, table, workloads) if s.search_sizes else \
-        [fixed_sizes(table)]
+    return candidates(s, mode, table, workloads) if s.search_sizes else [fixed_sizes(table)]
 
 
 def tried_sizes(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int) -> dict[Sizes, ModeResult]:

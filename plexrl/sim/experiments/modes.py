@@ -106,6 +106,11 @@ def fleet_group_gpus(s: Scenario, workloads: tuple[str, ...], sizes: Sizes) -> i
     return sizes.fleet_group_gpus or s.models[s.workloads[workloads[0]].model].rollout_tp
 
 
+def fleet_tenants(sizes: Sizes, num_jobs: int) -> int:
+    """Jobs with a lane on each fleet group: as sized (0: every job), at most ``num_jobs``."""
+    return min(num_jobs, sizes.fleet_tenants or num_jobs)
+
+
 def fleet_groups(sizes: Sizes, num_jobs: int, group_gpus: int) -> int:
     """Groups of the rollout fleet: every job's share of it, in whole groups."""
     return max(1, num_jobs * sizes.fleet_gpus // group_gpus)
@@ -124,7 +129,7 @@ def _fleet_layout(s: Scenario, mode: str, workloads: tuple[str, ...], sizes: Siz
     groups[SHARED_TRAIN] = (sizes.shared_train_gpus or sizes.train_gpus, "train")
     fleet = tuple(wg for wg in groups if wg != SHARED_TRAIN)
     specs, jobs = {}, {}
-    tenants = min(len(workloads), sizes.fleet_tenants or len(workloads))
+    tenants = fleet_tenants(sizes, len(workloads))
     lanes = max(1, -(-count * tenants // len(workloads)))
     for index, name in zip(indexes, workloads):
         job = job_id(index, name)
