@@ -117,6 +117,23 @@ def copy_id(role: Role, copy: Copy, lane: int = 0) -> tuple:
     return (role, copy) if lane == 0 else (role, copy, lane)
 
 
+def split_copy_id(key: tuple) -> tuple[Role, Copy, int]:
+    """``(role, copy, lane)`` of a ``copy_id`` key."""
+    return (key[0], key[1], key[2] if len(key) > 2 else 0)
+
+
+def copy_label(copy: Copy, lane: int = 0) -> str:
+    """A copy as text (journal rows, service holdings): ``rollout``, or ``rollout#1`` for
+    lane 1."""
+    return f"{copy}#{lane}" if lane else str(copy)
+
+
+def parse_copy_label(label: str) -> tuple[Copy, int]:
+    """The ``(copy, lane)`` that ``copy_label`` wrote."""
+    copy, _, lane = label.partition("#")
+    return Copy(copy), int(lane or 0)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What a job declares about a model; every size derives from it.
@@ -185,6 +202,13 @@ class JobRequest:
     seed: int = 0                #: seeds the job's weights and its sampling generator
     priority: int = 0            #: higher is admitted first
     save_interval: int = 0       #: the runtime checkpoints the trainer every N versions (0: never)
+    #: the policy's rollout copy as this many lanes, each bound to a worker group of its own
+    #: choosing; a GENERATE is split over them by rows (docs/design.md, D206)
+    rollout_lanes: int = 1
+    #: how a GENERATE is split over the lanes: "rows" (each lane its share of the rows) or
+    #: "calls" (all rows to one lane in turn; the others only keep their sampling streams in
+    #: step) (D206)
+    rollout_split: str = "rows"
 
 
 @dataclass(frozen=True)
@@ -212,10 +236,16 @@ class CallRequest:
     seq_len: int = 0             #: longest input sequence, tokens
     max_tokens: int = 0          #: GENERATE: new tokens per sequence at most
     payload: object = None       #: the bulk arguments (token ids, batches): opaque here
+    lane: int = 0                #: GENERATE, SYNC_WEIGHTS: the rollout lane it runs on (D206)
 
     @property
     def copy(self) -> Copy:
         return COPY_OF[self.function]
+
+    @property
+    def copy_id(self) -> tuple:
+        """The key of the copy it runs on (``copy_id``): where it is bound, whose order it takes."""
+        return copy_id(self.role, self.copy, self.lane)
 
     def option(self, name: str, default: object = None) -> object:
         return dict(self.options).get(name, default)

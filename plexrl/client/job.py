@@ -3,7 +3,9 @@
 Owns: turning a verb into a ``CallRequest`` with the job's next sequence number (assigned
 under a lock, so calls issued from many threads still have one order), the weight version a
 GENERATE samples (max(0, step - staleness)) and the version a SYNC_WEIGHTS installs (the
-OPTIM_STEPs and LOADs issued before it, each a new trainer version), and the ``_async`` twin of every verb. Each verb
+OPTIM_STEPs and LOADs issued before it, each a new trainer version), splitting a GENERATE
+and a SYNC_WEIGHTS over the job's rollout lanes (one call per lane, each taking its share of
+the rows; the answers joined in row order), and the ``_async`` twin of every verb. Each verb
 returns a ``concurrent.futures.Future`` at once; the runtime runs the job's calls in
 sequence-number order whatever order they reach it in.
 Must not know: how the transport carries a request, numpy, torch, Ray.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import zlib
 from concurrent.futures import Future
 
 from plexrl.client.transport import Transport, open_transport
@@ -28,17 +31,23 @@ class Runtime:
         self.transport = transport
 
     def register_job(self, job: str, models: dict[str | Role, ModelSpec], *, staleness: int = 0,
-                     seed: int = 0, priority: int = 0, save_interval: int = 0) -> "JobClient":
+                     seed: int = 0, priority: int = 0, save_interval: int = 0,
+                     rollout_lanes: int = 1, rollout_split: str = "rows") -> "JobClient":
         """Register a job and wait until it is placed; a model that fits no worker group
         raises ``PlacementError`` with the sizes. With ``save_interval`` N the runtime
         writes a checkpoint of the trainer every N weight versions (a job resumes from the
-        last one after a crash: ``ServiceLost.checkpoint``, ``inspect("resumable")``)."""
+        last one after a crash: ``ServiceLost.checkpoint``, ``inspect("resumable")``). With
+        ``rollout_lanes`` L the policy's rollout copy is L lanes, each bound to a worker group
+        the runtime chooses (shared with other jobs' lanes): every GENERATE is split over
+        them by rows, or with ``rollout_split="calls"`` goes whole to one lane in turn, with
+        the tokens one copy samples either way (docs/design.md, D206)."""
         if staleness not in (0, 1):
             raise ConfigError("staleness must be 0 or 1", field="staleness", value=staleness,
                               fix="0: on-policy; 1: one step off-policy")
         request = JobRequest(JobId(job), tuple((Role(r), s) for r, s in models.items()),
                              staleness=staleness, seed=seed, priority=priority,
-                             save_interval=save_interval)
+                             save_interval=save_interval, rollout_lanes=rollout_lanes,
+                             rollout_split=rollout_split)
         ticket = self.transport.register(request).result()
         return JobClient(self.transport, ticket, request)
 
@@ -95,6 +104,7 @@ class JobClient:
         self._lock = threading.Lock()
         self._seq = 0
         self._versions: dict[Role, int] = {}   #: trainer weight versions issued, per model
+        self._generates = zlib.crc32(str(ticket.job).encode())   #: turns of split="calls"
 
     @property
     def job(self) -> JobId:
@@ -104,12 +114,30 @@ class JobClient:
     def generate(self, prompts, *, step: int, max_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop: tuple[int, ...] = (), role: Role = Role.POLICY) -> Future:
         """Sample completions of ``prompts`` (lists of token ids) with the weights of version
-        max(0, step - staleness); the result has tokens, lengths, logprobs and version."""
-        return self._call(Function.GENERATE, role, {"prompts": prompts}, step=step,
-                          version=max(0, step - self.request.staleness), max_tokens=max_tokens,
-                          options={"temperature": temperature, "top_p": top_p,
-                                   "stop": tuple(stop)},
-                          num_sequences=len(prompts), seq_len=max(map(len, prompts), default=0))
+        max(0, step - staleness); the result has tokens, lengths, logprobs and version.
+        Over several rollout lanes it is one call per lane, each sampling its share of the
+        rows (every lane gets all prompts: padding and noise are the whole batch's); the
+        answer waits only for the lanes that sample rows (the others, which only keep their
+        sampling stream in step, run in their lane's order when the lane is free)."""
+        options = {"temperature": temperature, "top_p": top_p, "stop": tuple(stop)}
+        fields = dict(step=step, version=max(0, step - self.request.staleness),
+                      max_tokens=max_tokens, seq_len=max(map(len, prompts), default=0))
+        lanes = self.request.rollout_lanes
+        if lanes == 1:
+            return self._call(Function.GENERATE, role, {"prompts": prompts}, options=options,
+                              num_sequences=len(prompts), **fields)
+        with self._lock:
+            if self.request.rollout_split == "calls":   # all rows to one lane, in turn
+                turn, self._generates = self._generates % lanes, self._generates + 1
+                split = [(0, len(prompts)) if lane == turn else (len(prompts),) * 2
+                         for lane in range(lanes)]
+            else:
+                split = lane_rows(len(prompts), lanes)
+            parts = [(self._call(Function.GENERATE, role, {"prompts": prompts},
+                                 options={**options, "rows": rows}, lane=lane, locked=True,
+                                 num_sequences=max(1, rows[1] - rows[0]), **fields), rows)
+                     for lane, rows in enumerate(split)]
+        return _joined([part for part, (start, stop) in parts if stop > start], _join_rows)
 
     def logprobs(self, batch: dict, *, role: Role = Role.POLICY, temperature: float = 1.0,
                  step: int = 0) -> Future:
@@ -136,8 +164,10 @@ class JobClient:
         the rollout copy; the result is the version installed."""
         with self._lock:
             version = self._versions.get(role, 0)
-            return self._call(Function.SYNC_WEIGHTS, role, None, step=step, version=version,
-                              locked=True)
+            lanes = self.request.rollout_lanes if Role(role) == Role.POLICY else 1
+            parts = [self._call(Function.SYNC_WEIGHTS, role, None, step=step, version=version,
+                                lane=lane, locked=True) for lane in range(lanes)]
+        return parts[0] if lanes == 1 else _joined(parts, lambda answers: answers[0])
 
     def save(self, path: str, *, role: Role = Role.POLICY) -> Future:
         """Write the trainer copy's weights, optimizer state and sampling generator to ``path``."""
@@ -188,6 +218,52 @@ def _twin(verb: str):
 for _verb in ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights", "save",
               "load"):
     setattr(JobClient, f"{_verb}_async", _twin(_verb))
+
+
+def lane_rows(num_rows: int, lanes: int) -> list[tuple[int, int]]:
+    """Each lane's contiguous rows ``[start, stop)``, the first lanes taking one more."""
+    base, extra = divmod(num_rows, lanes)
+    out, start = [], 0
+    for lane in range(lanes):
+        stop = start + base + (lane < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def _joined(parts: list[Future], join) -> Future:
+    """One future for the lanes' calls: ``join`` of their results in lane order, or the
+    first lane's error (in lane order) once all have answered."""
+    out: Future = Future()
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        for part in parts:
+            if part.exception() is not None:
+                out.set_exception(part.exception())
+                return
+        out.set_result(join([part.result() for part in parts]))
+    for part in parts:
+        part.add_done_callback(done)
+    return out
+
+
+def _join_rows(answers: list[dict]) -> dict:
+    """The lanes' GENERATE answers as one: per-row arrays stacked in row order (by the
+    arrays' own namespace, the array API standard: the client imports no numpy), the
+    rest (``version``) from the first lane."""
+    out = {}
+    for key, first in answers[0].items():
+        if hasattr(first, "__array_namespace__") and getattr(first, "ndim", 0) > 0:
+            out[key] = first.__array_namespace__().concat([a[key] for a in answers], axis=0)
+        else:
+            out[key] = first
+    return out
 
 
 def _sizes(batch: dict) -> dict[str, int]:

@@ -109,8 +109,7 @@ class RayTransport:
 
     def _routed(self, out: Future, ticket: Ticket, got: Future) -> None:
         try:
-            self._routes[ticket.job] = {(role, copy): service
-                                        for role, copy, service in got.result()}
+            self._routes[ticket.job] = dict(got.result())   # copy_id -> service
             self._tickets[ticket.job] = ticket
             self.controller.renew.remote([ticket])
         except Exception as err:
@@ -142,7 +141,7 @@ class RayTransport:
         controller; the result comes from the service, a refusal from either."""
         out: Future = Future()
         bare = replace(request, payload=None)
-        service = self._routes.get(request.job, {}).get((request.role, request.copy))
+        service = self._routes.get(request.job, {}).get(request.copy_id)
         head = self.controller.submit.remote(bare)    # first: the go starts from there
         head.future().add_done_callback(lambda done: _refused(out, done, service is None))
         if service is not None:

@@ -21,6 +21,8 @@ from plexrl.protocol import ModelSpec
 MODES = ("colocated", "split-async", "plexrl", "plexrl-on-policy", "plexrl-shared",
          "plexrl-shared-on-policy")
 STRATEGIES = ("isolated", "isolated+backfill", "pack", "spread", "spread+backfill")
+#: every strategy a scenario may name; fleet+backfill shares the rollout fleet too (D207)
+STRATEGY_CHOICES = (*STRATEGIES, "fleet+backfill")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +146,7 @@ class TraceConfig:
     span_s: float = option(90 * 86400.0, unit="s", min=1, doc="the window the arrivals fall in")
     rho: float = option(unit="frac", min=0, max=100,
                         doc="offered load: isolated GPU-s of all jobs / (total_gpus x span)")
-    strategies: tuple[str, ...] = option(STRATEGIES, choices=STRATEGIES)
+    strategies: tuple[str, ...] = option(STRATEGIES, choices=STRATEGY_CHOICES)
     max_tenants: int = option(3, unit="count", min=1, doc="jobs per shared training pool")
     load_sweep: tuple[float, ...] = option((0.25, 0.5, 1.0, 1.5, 2.0), unit="frac", min=0.01,
                                            max=100, doc="rho values of --sweep load")
@@ -214,6 +216,9 @@ class Scenario:
     queue_policy: str = option("hrrs", choices=("fcfs", "round-robin", "hrrs"))
     prefetch: bool = option(True)
     search_sizes: bool = option(True, doc="search each mode's sizes within the choices")
+    max_slowdown: float = option(0.0, min=0,
+                                 doc="a shared mode's search keeps every job's slowdown against "
+                                     "itself alone at most this (0: no bound)")
     train_workspace_frac: float = option(0.5, unit="frac", min=0, max=0.95,
                                          doc="device memory a training call reserves")
     cluster: ClusterConfig = option(default_factory=ClusterConfig)

@@ -42,6 +42,11 @@ def test_a_good_file_sets_priority_devices_and_bytes(tmp_path):
     assert sub.request.priority == 2 and sub.save_interval == 5
     assert sub.request.models[0][1].dp == 2 and dict(sub.device_bytes) == {"policy": 1 << 20}
     assert sub.argv == ("sleep", "1") and sub.cwd == str(tmp_path)
+    assert (sub.request.rollout_lanes, sub.request.rollout_split) == (1, "rows")   # defaults
+    path.write_text(GOOD.replace("priority = 2", 'priority = 2\nrollout_lanes = 2\n'
+                                 'rollout_split = "calls"'))
+    request = load_job_file(path).submission().request
+    assert (request.rollout_lanes, request.rollout_split) == (2, "calls")
 
 
 BAD = [
@@ -64,6 +69,9 @@ BAD = [
      "models.policy.resources.device_bytes", "lots"),
     ("entry field outside [entry]", '[entry]\ncommand', 'command', "command", "sleep"),
     ("reserved env", "priority = 2", "priority = 2\n[env]\nPLEXRL_JOB = \"x\"", "env.PLEXRL_JOB", "x"),
+    ("no rollout lane", "priority = 2", "priority = 2\nrollout_lanes = 0", "rollout_lanes", "0"),
+    ("unknown rollout split", "priority = 2", 'priority = 2\nrollout_split = "tokens"',
+     "rollout_split", "tokens"),
 ]
 
 

@@ -80,3 +80,24 @@ def test_a_shared_training_pool_that_fits_no_replica_is_refused_naming_its_field
     with pytest.raises(ConfigError, match="does not divide into trainer instances") as err:
         preflight(bad)
     assert "sizes.qwen7b.shared_train_choices" in str(err.value)
+
+
+def test_the_search_moves_to_the_next_cheapest_size_when_a_job_is_slowed_past_the_bound(tiny):
+    """``max_slowdown`` (D208): the cheapest size is kept only if every job is within the
+    bound; set just below its worst slowdown, the search takes a dearer size that is within
+    it, or, if none is, the one whose worst job is slowed least."""
+    from plexrl.sim.experiments.experiment import (search, tried_sizes, with_slowdowns,
+                                                   worst_slowdown)
+    workloads = tiny.experiments["235b-identical"].workloads
+    free = search(tiny, "plexrl-shared", workloads, seed=0)
+    worst = worst_slowdown(free)
+    assert worst > 1.0   # the cheapest size slows some job: there is something to bound
+    bounded = replace(tiny, max_slowdown=worst * 0.999)
+    chosen = search(bounded, "plexrl-shared", workloads, seed=0)
+    assert chosen.chosen != free.chosen
+    if worst_slowdown(chosen) > bounded.max_slowdown:   # nothing in bound: the least slowed
+        measured = [with_slowdowns(tiny, r, workloads, 0) for r in
+                    tried_sizes(tiny, "plexrl-shared", workloads, 0).values()]
+        assert worst_slowdown(chosen) == min(map(worst_slowdown, measured))
+    else:
+        assert chosen.mean("gpu_hours_per_step") >= free.mean("gpu_hours_per_step")

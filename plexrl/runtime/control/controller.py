@@ -40,7 +40,7 @@ from plexrl.core.snapshot import Snapshot
 from plexrl.errors import (AuthError, CallError, ConfigError, OrderError, PlacementError,
                            ServiceLost)
 from plexrl.protocol import (NEEDS, CallId, CallRequest, JobId, JobRequest, State, StateKey,
-                             Ticket, Tier, WorkerGroupId)
+                             Ticket, Tier, WorkerGroupId, copy_id, split_copy_id)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime.control import recovery
 from plexrl.runtime.observe.call_log import CallLog
@@ -54,7 +54,6 @@ from plexrl.runtime.control.moving import StateMoves
 from plexrl.runtime.control.dispatching import CallDispatch
 from plexrl.runtime.control.inspection import Inspection
 from plexrl.runtime.control.submissions import SubmittedJobs
-from plexrl.runtime.workers.order import copies_of
 
 
 class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection):
@@ -171,12 +170,11 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             raise error
 
     async def routes(self, ticket: Ticket) -> list:
-        """Where the job's calls go: (role, copy, service actor) for each of its copies."""
+        """Where the job's calls go: (``copy_id``, service actor) for each of its copies."""
         await self._up()
         record = self._authorised(ticket.job, ticket.token)
         record.handed = True
-        return [(role, copy, self.executor.services[wg]) for (role, copy), wg in
-                record.groups.items()]
+        return [(key, self.executor.services[wg]) for key, wg in record.groups.items()]
 
     # -- calls in order ----------------------------------------------------------------------
     def _authorised(self, job: JobId, token: str) -> JobRecord:
@@ -204,7 +202,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                 if pending.error is not None:
                     raise pending.error
                 group = self.snap.cluster.worker_groups.get(
-                    record.groups.get((request.role, request.copy)))
+                    record.groups.get(request.copy_id))
                 pending.workspace_bytes = workspace_bytes(
                     record.spec(request.role), request, group.num_devices if group else 1)
                 self._check_fits(request, pending.workspace_bytes, group)
@@ -225,7 +223,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         ``CallError`` with the sizes (it would otherwise wait for room forever)."""
         if group is None:
             return
-        keys = [StateKey(request.job, request.role, request.copy, s)
+        keys = [StateKey(request.job, request.role, request.copy, s, request.lane)
                 for s in NEEDS[request.function] if s != State.KV_CACHE]
         held = sum(self.snap.states[k].num_bytes for k in keys if k in self.snap.states)
         budget = int(self.snap.cluster.device_budget(group.wg))
@@ -244,7 +242,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         if known is not None and known.status in TERMINAL:
             return   # refused before the restart
         self.journal.finish(request.job, request.seq, "refused", str(err))
-        wg = record.groups.get((request.role, request.copy))
+        wg = record.groups.get(request.copy_id)
         if wg is not None:
             self.executor.refuse(wg, request.job, request.seq, err)
 
@@ -264,7 +262,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                                  seq=pending.copy_seq, function=request.function,
                                  role=request.role, at=pending.queued_at, step=request.step,
                                  num_tokens=tokens, version=request.version,
-                                 workspace_bytes=pending.workspace_bytes))
+                                 workspace_bytes=pending.workspace_bytes, lane=request.lane))
 
     # -- plan, assume, act -------------------------------------------------------------------
     def _fold(self, event) -> None:
@@ -299,7 +297,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                 record.placed.set_exception(PlacementError(reason, job=job))
             case Place(job=job):
                 record = self.jobs[job]
-                record.groups[(decision.role, decision.copy)] = decision.wg
+                record.groups[copy_id(decision.role, decision.copy, decision.lane)] = decision.wg
                 if all(s.job != job for s in self.snap.pending):
                     self._spawn(self._bind(job, record))
             case Dispatch(call=call, wg=wg):
@@ -309,10 +307,12 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         """Create the job's States on its services (on HOST, where the core put them)."""
         failed = None
         try:
+            specs = dict(record.request.models)
             await asyncio.gather(*(self.executor.bind(
-                record.groups[(role, copy)], job, record.token, role, copy, spec,
-                record.request.seed, self._sizes(job, role, copy), self._tiers(job, role, copy))
-                for role, spec in record.request.models for copy in copies_of(role, spec)))
+                wg, job, record.token, role, copy, specs[role], record.request.seed,
+                self._sizes(job, role, copy, lane), self._tiers(job, role, copy, lane), lane)
+                for (role, copy, lane), wg in ((split_copy_id(k), wg)
+                                               for k, wg in record.groups.items())))
             if record.request.save_interval:
                 where = Path(state_dir(self.config, self.session)) / "checkpoints"
                 where.mkdir(parents=True, exist_ok=True)
@@ -330,18 +330,18 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         self.journal.bind(job, record.groups)
         for key, view in self.snap.states.items():
             if key.job == job:
-                self.journal.state(job, key.role, key.copy, key.state, view.tier, view.version)
+                self.journal.state(key, view.tier, view.version)
         record.placed.set_result(Ticket(job, record.token))
 
-    def _tiers(self, job: JobId, role, copy) -> dict[State, Tier]:
+    def _tiers(self, job: JobId, role, copy, lane: int = 0) -> dict[State, Tier]:
         """Where the core put each State at placement (HOST, or DISK when host is short)."""
-        return {s: self.snap.states[StateKey(job, role, copy, s)].tier for s in State
-                if StateKey(job, role, copy, s) in self.snap.states}
+        return {s: self.snap.states[StateKey(job, role, copy, s, lane)].tier for s in State
+                if StateKey(job, role, copy, s, lane) in self.snap.states}
 
-    def _sizes(self, job: JobId, role, copy) -> dict[State, int]:
+    def _sizes(self, job: JobId, role, copy, lane: int = 0) -> dict[State, int]:
         """The bytes the core counts for each State of a copy (the service must agree)."""
-        return {s: self.snap.states[StateKey(job, role, copy, s)].num_bytes for s in State
-                if StateKey(job, role, copy, s) in self.snap.states}
+        return {s: self.snap.states[StateKey(job, role, copy, s, lane)].num_bytes for s in State
+                if StateKey(job, role, copy, s, lane) in self.snap.states}
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

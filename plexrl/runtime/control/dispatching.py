@@ -93,11 +93,11 @@ class CallDispatch:
         if request.job in self.snap.jobs:
             self._fold(ev.CallFinished(call=pending.call, wg=pending.wg, at=end,
                                        duration_s=done["duration_s"]))
-            weights = StateKey(request.job, request.role, request.copy, State.WEIGHTS)
+            weights = StateKey(request.job, request.role, request.copy, State.WEIGHTS,
+                               request.lane)
             if weights in self.snap.states and request.function in recovery.VERSIONED:
                 view = self.snap.states[weights]
-                self.journal.state(request.job, request.role, request.copy, State.WEIGHTS,
-                                   view.tier, view.version)
+                self.journal.state(weights, view.tier, view.version)
             self._plan()
         return end
 

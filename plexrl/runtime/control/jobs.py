@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from plexrl.core.jobs import JobSpec, ModelDecl
 from plexrl.errors import CallError, ConfigError
-from plexrl.protocol import (COPY_OF, CallId, CallRequest, Copy, Function, JobRequest, ModelSpec,
+from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobRequest, ModelSpec,
                              Role, WorkerGroupId)
 from plexrl.runtime.workers.order import copies_of
 
@@ -25,10 +25,37 @@ def job_spec(request: JobRequest, groups: tuple[WorkerGroupId, ...]) -> JobSpec:
     same way for every copy of a model, so a policy's two copies land together (SYNC_WEIGHTS
     is a local copy; the controller checks it)."""
     check_models(request)
+    check_lanes(request, len(groups))
     models = tuple(ModelDecl(role, spec, copies_of(role, spec)) for role, spec in request.models)
     candidates = tuple((decl.role, copy, groups) for decl in models for copy in decl.copies)
     return JobSpec(job=request.job, models=models, candidates=candidates,
-                   staleness=request.staleness, priority=request.priority)
+                   staleness=request.staleness, priority=request.priority,
+                   rollout_lanes=request.rollout_lanes)
+
+
+def check_lanes(request: JobRequest, num_groups: int) -> None:
+    """Rollout lanes need a trained policy, and one worker group each at most."""
+    lanes = request.rollout_lanes
+    if not isinstance(lanes, int) or lanes < 1:
+        raise ConfigError("rollout_lanes must be a whole number >= 1",
+                          field=f"{request.job}.rollout_lanes", value=lanes,
+                          fix="1 (one rollout copy), or how many worker groups share its rollouts")
+    if request.rollout_split not in ("rows", "calls"):
+        raise ConfigError("rollout_split is rows or calls", field=f"{request.job}.rollout_split",
+                          value=request.rollout_split,
+                          fix="rows: each lane samples its share of a GENERATE's rows; calls: "
+                              "each GENERATE goes whole to one lane in turn")
+    if lanes == 1:
+        return
+    policy = dict(request.models).get(Role.POLICY)
+    if policy is None or Copy.ROLLOUT not in copies_of(Role.POLICY, policy):
+        raise ConfigError("rollout lanes split a trained policy's rollout copy; this job has none",
+                          field=f"{request.job}.rollout_lanes", value=lanes,
+                          fix="register a trainable policy, or rollout_lanes=1")
+    if lanes > num_groups:
+        raise ConfigError(f"{lanes} rollout lanes but {num_groups} worker groups",
+                          field=f"{request.job}.rollout_lanes", value=lanes,
+                          fix=f"at most {num_groups} lanes, or configure more worker groups")
 
 
 def check_models(request: JobRequest) -> None:
@@ -77,6 +104,10 @@ def check_request(request: CallRequest, job: "JobRecord") -> None:
     if request.copy not in copies_of(request.role, specs[request.role]):
         fail(f"its {request.role} model has no {request.copy} copy",
              "generate and sync only on a trained policy")
+    lanes = job.request.rollout_lanes if request.copy == Copy.ROLLOUT else 1
+    if not 0 <= request.lane < lanes:
+        fail(f"lane {request.lane} of its {request.role}/{request.copy} copy does not exist "
+             f"(it has {lanes})", "leave lane to the client, which splits a GENERATE over lanes")
     if request.function == Function.GENERATE and (request.num_sequences < 1
                                                   or request.max_tokens < 1):
         fail("GENERATE needs at least one prompt and max_tokens >= 1",
@@ -112,9 +143,10 @@ class JobRecord:
     handed: bool = False                     #: its driver has used its ticket
     next_seq: int = 0                        #: the client sequence number admitted next
     held: dict[int, PendingCall] = field(default_factory=dict)   #: arrived early
-    copy_seq: dict[tuple[Role, Copy], int] = field(default_factory=dict)
-    groups: dict[tuple[Role, Copy], WorkerGroupId] = field(default_factory=dict)
-    synced: dict[Role, int] = field(default_factory=dict)   #: newest version a queued sync installs
+    copy_seq: dict[tuple, int] = field(default_factory=dict)   #: per ``copy_id``
+    groups: dict[tuple, WorkerGroupId] = field(default_factory=dict)   #: ``copy_id`` -> group
+    #: (role, lane) -> the newest version a queued sync installs in that rollout lane
+    synced: dict[tuple[Role, int], int] = field(default_factory=dict)
     parked: list[PendingCall] = field(default_factory=list)  #: GENERATEs awaiting their version
 
     def gate(self, pending: PendingCall) -> bool:
@@ -122,7 +154,7 @@ class JobRecord:
         GENERATE whose version an earlier sync already replaced, and a sync of a version
         already installed (neither could ever run)."""
         request = pending.request
-        installed = self.synced.get(request.role, 0)
+        installed = self.synced.get((request.role, request.lane), 0)
         if request.function == Function.SYNC_WEIGHTS and request.version <= installed:
             raise CallError(
                 f"job {request.job} call {request.seq}: nothing to sync, version "
@@ -148,11 +180,12 @@ class JobRecord:
         leaves behind for good (a sync skipped their version), with their error."""
         if request.function != Function.SYNC_WEIGHTS:
             return [], []
-        self.synced[request.role] = max(self.synced.get(request.role, 0), request.version)
+        lane = (request.role, request.lane)
+        self.synced[lane] = max(self.synced.get(lane, 0), request.version)
         ready, stale, parked = [], [], []
         for pending in self.parked:
             wanted = pending.request.version
-            if pending.request.role != request.role or wanted > request.version:
+            if (pending.request.role, pending.request.lane) != lane or wanted > request.version:
                 parked.append(pending)
             elif wanted == request.version:
                 ready.append(pending)
@@ -169,7 +202,7 @@ class JobRecord:
         return dict(self.request.models)[role]
 
     def next_copy_seq(self, request: CallRequest) -> int:
-        key = (request.role, COPY_OF[request.function])
+        key = request.copy_id
         seq = self.copy_seq.get(key, 0)
         self.copy_seq[key] = seq + 1
         return seq

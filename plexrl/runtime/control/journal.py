@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from plexrl.protocol import CallRequest, JobRequest
+from plexrl.protocol import CallRequest, JobRequest, StateKey, copy_label, split_copy_id
 
 FILE_NAME = "controller.sqlite"
 TERMINAL = ("done", "failed", "refused", "cancelled")   #: statuses a call ends in
@@ -125,10 +125,14 @@ class Journal:
                                      time.time()))
 
     def bind(self, job: str, groups: dict) -> None:
-        """The job is placed and bound: its copies' worker groups."""
+        """The job is placed and bound: its copies' worker groups (``copy_id`` keys; a lane's
+        copy is written as ``copy_label`` does)."""
+        rows = []
+        for key, wg in groups.items():
+            role, copy, lane = split_copy_id(key)
+            rows.append((job, str(role), copy_label(copy, lane), wg))
         with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO bindings VALUES (?, ?, ?, ?)",
-                                 [(job, str(r), str(c), wg) for (r, c), wg in groups.items()])
+            self._db.executemany("INSERT OR REPLACE INTO bindings VALUES (?, ?, ?, ?)", rows)
             self._db.execute("UPDATE jobs SET status = 'running' WHERE job = ?", (job,))
 
     def end_job(self, job: str, reason: str, status: str = "ended") -> None:
@@ -157,9 +161,10 @@ class Journal:
             "SELECT role, copy, wg FROM bindings WHERE job = ?", (job,))}
 
     # -- states -------------------------------------------------------------------------------
-    def state(self, job: str, role: str, copy: str, state: str, tier: str, version: int) -> None:
+    def state(self, key: StateKey, tier: str, version: int) -> None:
         self._db.execute("INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?, ?, ?)",
-                         (job, role, copy, state, tier, version))
+                         (key.job, str(key.role), copy_label(key.copy, key.lane), str(key.state),
+                          str(tier), version))
 
     def states(self, job: str) -> dict[tuple[str, str, str], tuple[str, int]]:
         return {(r, c, s): (t, v) for r, c, s, t, v in self._db.execute(

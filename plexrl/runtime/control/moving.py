@@ -53,7 +53,7 @@ class StateMoves:
             view = self.snap.states.get(move.key)
             if view is not None and move.key.state != State.KV_CACHE:
                 key = move.key
-                self.journal.state(key.job, key.role, key.copy, key.state, view.tier, view.version)
+                self.journal.state(key, view.tier, view.version)
         self._plan()
 
     def _move_failed(self, move: Move, err: Exception) -> None:

@@ -25,7 +25,8 @@ from plexrl.core import assume
 from plexrl.core import events as ev
 from plexrl.core.decisions import Place
 from plexrl.errors import CallError
-from plexrl.protocol import Copy, Function, Role, State, Ticket, Tier, WorkerGroupId
+from plexrl.protocol import (Copy, Function, Role, State, Ticket, Tier, WorkerGroupId, copy_id,
+                             copy_label, parse_copy_label, split_copy_id)
 from plexrl.runtime.control.jobs import JobRecord, PendingCall, check_request, job_spec
 from plexrl.runtime.control.journal import TERMINAL, Journal, JournaledCall
 
@@ -59,7 +60,7 @@ async def recover(ctl, snap) -> dict:
         if journaled.session != ctl.session:
             continue
         job = journaled.job
-        groups = {(Role(r), Copy(c)): WorkerGroupId(wg)
+        groups = {copy_id(Role(r), *parse_copy_label(c)): WorkerGroupId(wg)
                   for (r, c), wg in ctl.journal.bindings(job).items()}
         whole = journaled.status == "running" and groups and all(
             wg in held_by and job in held_by[wg] for wg in groups.values())
@@ -86,21 +87,24 @@ def _restore(ctl, journaled, groups, held_by, now: float, found: dict) -> None:
     record.groups = dict(groups)
     ctl.jobs[job] = record
     ctl._fold(ev.JobSubmitted(spec=job_spec(request, tuple(ctl.snap.group_order)), at=now))
-    for (role, copy), wg in sorted(groups.items()):
-        ctl.snap = assume(ctl.snap, Place(job, role, copy, wg), now)
+    for key, wg in sorted(groups.items()):
+        role, copy, lane = split_copy_id(key)
+        ctl.snap = assume(ctl.snap, Place(job, role, copy, wg, lane=lane), now)
     states = dict(ctl.snap.states)
     for key, view in ctl.snap.states.items():
         if key.job != job or key.state == State.KV_CACHE:
             continue
         hosted = held_by[view.wg][job]
-        tier, version = hosted["states"][f"{key.role}/{key.copy}/{key.state}"]
+        label = copy_label(key.copy, key.lane)
+        tier, version = hosted["states"][f"{key.role}/{label}/{key.state}"]
         counted = hosted["versions"].get(str(key.role))
         if counted is not None:
-            version = counted["rollout" if key.copy == Copy.ROLLOUT else "trainer"]
+            version = counted.get(label, version) if key.copy == Copy.ROLLOUT \
+                else counted["trainer"]
         states[key] = replace(view, tier=Tier(tier),
                               version=version if key.state == State.WEIGHTS else view.version)
-    next_seq = {(role, copy): held_by[wg][job]["next_seq"].get(f"{role}/{copy}", 0)
-                for (role, copy), wg in groups.items()}
+    next_seq = {key: held_by[wg][job]["next_seq"].get(
+        f"{key[0]}/{copy_label(*split_copy_id(key)[1:])}", 0) for key, wg in groups.items()}
     jobs = dict(ctl.snap.jobs)
     jobs[job] = replace(jobs[job], next_seq=next_seq)
     ctl.snap = replace(ctl.snap, states=states, jobs=jobs)
@@ -129,7 +133,7 @@ def settled(ctl, record: JobRecord, pending: PendingCall, known: JournaledCall) 
         return True
     request = pending.request
     job = request.job
-    if pending.copy_seq >= ctl._service_next[job].get((request.role, request.copy), 0):
+    if pending.copy_seq >= ctl._service_next[job].get(request.copy_id, 0):
         return False
     go = ctl._ran[job].get(request.seq)
     failed = (go or {}).get("failed", "")

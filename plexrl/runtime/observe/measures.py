@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from plexrl.core.planner import runnable
 from plexrl.core.snapshot import CallView, Snapshot
 from plexrl.core.transitions import is_resident, needed_keys
-from plexrl.protocol import Function, State, StateKey
+from plexrl.protocol import Function, State, StateKey, copy_id, copy_label
 from plexrl.runtime.observe.call_log import read_since
 
 Interval = tuple[float, float]
@@ -246,10 +246,11 @@ def wait_reason(snap: Snapshot, call: CallView) -> str:
     view = snap.jobs.get(call.job)
     if view is None:
         return "its job is ending"
-    next_seq = view.next_seq.get((call.role, call.copy))
+    next_seq = view.next_seq.get(copy_id(call.role, call.copy, call.lane))
     if call.seq != next_seq:
-        return f"after its job's call #{next_seq} on {call.role}/{call.copy}"
-    weights = snap.states.get(StateKey(call.job, call.role, call.copy, State.WEIGHTS))
+        return (f"after its job's call #{next_seq} on "
+                f"{call.role}/{copy_label(call.copy, call.lane)}")
+    weights = snap.states.get(StateKey(call.job, call.role, call.copy, State.WEIGHTS, call.lane))
     if call.function == Function.GENERATE and weights and weights.version != call.version:
         return f"waits for weights v{call.version} (has v{weights.version})"
     if call not in runnable(snap, call.wg):

@@ -14,6 +14,8 @@ A job file (``examples/jobs/own-job.toml`` ships one)::
     seed = 0
     staleness = 0                   # 0 on-policy, 1 one step off-policy
     save_interval = 0               # steps between disk checkpoints (0: never)
+    rollout_lanes = 1               # rollout copy as this many lanes on shared rollout groups
+    rollout_split = "rows"          # a GENERATE over the lanes: "rows" or "calls"
     [entry]                         # exactly one of command / module / file
     file = "../own_job.py"          # run with the controller's Python
     args = ["--steps", "3"]
@@ -37,8 +39,8 @@ from pathlib import Path
 from plexrl.errors import ConfigError
 from plexrl.protocol import JobId, JobRequest, ModelSpec, Role
 
-TOP = {"name", "priority", "seed", "staleness", "save_interval", "entry", "env", "models",
-       "workdir"}
+TOP = {"name", "priority", "seed", "staleness", "save_interval", "rollout_lanes",
+       "rollout_split", "entry", "env", "models", "workdir"}
 ENTRY = {"command", "module", "file", "args"}
 #: ModelSpec fields a job file may set (sizes derive from the source)
 MODEL = {"source": str, "head": str, "trainable": bool, "optimizer": str, "tp": int, "pp": int,
@@ -79,6 +81,8 @@ class JobFile:
     seed: int = 0
     staleness: int = 0
     save_interval: int = 0
+    rollout_lanes: int = 1
+    rollout_split: str = "rows"
     env: tuple[tuple[str, str], ...] = field(default=())
 
     def submission(self) -> Submission:
@@ -101,7 +105,8 @@ class JobFile:
                                   value=err.value, fix=err.fix) from None
             models.append((Role(role), spec))
         request = JobRequest(JobId(self.name), tuple(models), staleness=self.staleness,
-                             seed=self.seed, priority=self.priority)
+                             seed=self.seed, priority=self.priority,
+                             rollout_lanes=self.rollout_lanes, rollout_split=self.rollout_split)
         return Submission(request=request, argv=self.argv, cwd=str(self.cwd), env=self.env,
                           device_bytes=self.device_bytes, devices=self.devices,
                           save_interval=self.save_interval, source_file=str(self.path))
@@ -143,6 +148,15 @@ def load_job_file(path: str | Path) -> JobFile:
     if ints["save_interval"] < 0:
         fail("save_interval", ints["save_interval"], "a save interval is a number of steps",
              "use 0 (never) or a positive number of steps")
+    ints["rollout_lanes"] = _int(fail, "rollout_lanes", raw.get("rollout_lanes", 1))
+    if ints["rollout_lanes"] < 1:
+        fail("rollout_lanes", ints["rollout_lanes"], "a rollout copy has at least one lane",
+             "1 (one rollout copy), or how many rollout groups share its GENERATEs")
+    split = raw.get("rollout_split", "rows")
+    if split not in ("rows", "calls"):
+        fail("rollout_split", split, "rollout_split is rows or calls",
+             'rows: each lane samples its share of the rows; calls: each GENERATE goes whole '
+             'to one lane in turn')
     cwd = path.parent
     if "workdir" in raw:
         workdir = raw["workdir"]
@@ -161,7 +175,7 @@ def load_job_file(path: str | Path) -> JobFile:
     models, devices, device_bytes = _models(fail, raw.get("models"))
     return JobFile(path=path, name=name, argv=argv, cwd=cwd, models=models, devices=devices,
                    device_bytes=device_bytes, env=tuple((k, str(v)) for k, v in env.items()),
-                   **ints)
+                   rollout_split=split, **ints)
 
 
 def parse_bytes(value) -> int | None:

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from plexrl.errors import AuthError, OrderError
-from plexrl.protocol import CallId, CallRequest, Copy, ModelSpec, Role
+from plexrl.protocol import CallId, CallRequest, Copy, ModelSpec, Role, copy_label, split_copy_id
 
 
 def copies_of(role: Role, spec: ModelSpec) -> tuple[Copy, ...]:
@@ -48,10 +48,19 @@ def hosted_job(jobs: dict, wg: str, request: CallRequest):
 def take_turn(hosted, order: CallOrder) -> None:
     """The call is the next on its model copy (``hosted.next_seq``), which moves on."""
     request = order.request
-    copy = (request.role, request.copy)
+    copy = request.copy_id
     expected = hosted.next_seq.get(copy, 0)
     if order.copy_seq != expected:
         raise OrderError(f"job {request.job}: call {request.seq} is number {order.copy_seq} on "
-                         f"its {request.role}/{request.copy} copy, but number {expected} runs "
-                         "next", job=request.job, seq=request.seq)
+                         f"its {request.role}/{copy_label(request.copy, request.lane)} copy, but "
+                         f"number {expected} runs next", job=request.job, seq=request.seq)
     hosted.next_seq[copy] = expected + 1
+
+
+def next_seq_labels(next_seq: dict) -> dict[str, int]:
+    """A service's next call per copy, keyed as text: ``policy/rollout``, ``policy/rollout#1``."""
+    out = {}
+    for key, n in next_seq.items():
+        role, copy, lane = split_copy_id(key)
+        out[f"{role}/{copy_label(copy, lane)}"] = n
+    return out

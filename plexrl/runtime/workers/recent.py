@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from plexrl.protocol import Function
+from plexrl.protocol import Copy, Function, copy_label
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class CallRecords:
         elif request.function == Function.LOAD:
             versions["trainer"] = request.version if request.version > versions["trainer"] \
                 else versions["trainer"] + 1
-        elif request.function == Function.SYNC_WEIGHTS:
-            versions["rollout"] = request.version
+        elif request.function == Function.SYNC_WEIGHTS:   # per lane: "rollout", "rollout#1"
+            versions[copy_label(Copy.ROLLOUT, request.lane)] = request.version
 
     def forget(self, job: str) -> None:
         for key in [k for k in self._done if k[0] == job]:

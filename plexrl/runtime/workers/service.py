@@ -29,10 +29,11 @@ from safetensors.torch import load_file, save_file
 
 from plexrl.errors import CallError, PlexError
 from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role, State,
-                             StateKey, Tier)
+                             StateKey, Tier, copy_label)
 from plexrl.runtime.workers.engine import Engine
 from plexrl.runtime.workers.sharded import ShardedEngine
-from plexrl.runtime.workers.order import CallOrder, copies_of, hosted_job, take_turn
+from plexrl.runtime.workers.order import (CallOrder, copies_of, hosted_job, next_seq_labels,
+                                         take_turn)
 from plexrl.runtime.tiers.device import DeviceMemory
 from plexrl.runtime.tiers.disk import DiskStore
 from plexrl.runtime.tiers.host import HostStore
@@ -42,18 +43,25 @@ from plexrl.runtime.tiers.store import StateStore
 @dataclass
 class HostedModel:
     engine: Engine | ShardedEngine
-    generator: torch.Generator   #: the job's sampling generator (policy)
+    #: the job's sampling generator per rollout lane here, each seeded alike: every lane
+    #: draws every GENERATE's noise, so the lanes' streams stay in step (D206); lane 0's is
+    #: the one SAVE writes and LOAD restores
+    generators: dict[int, torch.Generator]
     initial_weights: torch.Tensor | None  #: version 0 of both copies, until both exist
-    bound: set[Copy] = field(default_factory=set)
+    bound: set[tuple[Copy, int]] = field(default_factory=set)   #: (copy, lane) bound here
     optim_steps: int = 0         #: OPTIM_STEPs applied to the trainer copy
-    rollout_version: int = 0     #: version installed in the rollout copy
+    rollout_versions: dict[int, int] = field(default_factory=dict)  #: installed, per lane
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.generators[0]
 
 
 @dataclass
 class HostedJob:
     token: str
     models: dict[Role, HostedModel] = field(default_factory=dict)
-    next_seq: dict[tuple[Role, Copy], int] = field(default_factory=dict)  #: per model copy
+    next_seq: dict[tuple, int] = field(default_factory=dict)  #: per ``copy_id``
 
 
 class Service:
@@ -81,9 +89,10 @@ class Service:
 
     # -- jobs ---------------------------------------------------------------------------------
     def bind(self, job: JobId, token: str, role: Role, copy: Copy, spec: ModelSpec, seed: int,
-             sizes: dict[State, int], tiers: dict[State, Tier] | None = None) -> None:
-        """Create one copy's States: the seeded initial weights, zero grads and moments, each
-        on the tier the core put it (``tiers``; HOST where not given).
+             sizes: dict[State, int], tiers: dict[State, Tier] | None = None,
+             lane: int = 0) -> None:
+        """Create one copy's States (of rollout ``lane``): the seeded initial weights, zero
+        grads and moments, each on the tier the core put it (``tiers``; HOST where not given).
 
         Serialised: building a model seeds torch's global generator, which two threads must
         not do at once (the weights would depend on their interleaving)."""
@@ -92,16 +101,17 @@ class Service:
             if role not in hosted.models:
                 engine = Engine(spec, seed=_seed_of(seed, role)) if self.world == 1 else \
                     ShardedEngine(spec, _seed_of(seed, role), rank=self.rank, world=self.world)
-                hosted.models[role] = HostedModel(engine, torch.Generator().manual_seed(seed),
+                hosted.models[role] = HostedModel(engine, {0: torch.Generator().manual_seed(seed)},
                                                   engine.initial_weights())
             model = hosted.models[role]
-            self._create(job, role, copy, model, sizes, tiers or {})
-            model.bound.add(copy)
-            if model.bound == set(copies_of(role, spec)):
+            model.generators.setdefault(lane, torch.Generator().manual_seed(seed))
+            self._create(job, role, copy, model, sizes, tiers or {}, lane)
+            model.bound.add((copy, lane))
+            if model.bound == {(c, 0) for c in copies_of(role, spec)}:
                 model.initial_weights = None
 
     def _create(self, job: JobId, role: Role, copy: Copy, model: "HostedModel",
-                sizes: dict[State, int], tiers: dict[State, Tier]) -> None:
+                sizes: dict[State, int], tiers: dict[State, Tier], lane: int) -> None:
         engine = model.engine
         shapes = {State.WEIGHTS: engine.numel, State.GRADS: engine.numel,
                   State.OPTIMIZER: engine.optimizer_numel}
@@ -115,7 +125,7 @@ class Service:
                                 "describe this model: build it with "
                                 "plexrl.runtime.models.model_spec", job=job)
             init = model.initial_weights if state == State.WEIGHTS else 4 * shapes[state]
-            self.store.create(_name(StateKey(job, role, copy, state)), init,
+            self.store.create(_name(StateKey(job, role, copy, state, lane)), init,
                               tier=tiers.get(state, Tier.HOST))
 
     def holdings(self) -> dict:
@@ -126,15 +136,16 @@ class Service:
             keys = set(self.store.keys())
             states = {}
             for role, model in hosted.models.items():
-                for copy in model.bound:
-                    version = model.rollout_version if copy == Copy.ROLLOUT else model.optim_steps
+                for copy, lane in model.bound:
+                    version = model.rollout_versions.get(lane, 0) if copy == Copy.ROLLOUT \
+                        else model.optim_steps
                     for state in State:
-                        name = _name(StateKey(job, role, copy, state))
+                        name = _name(StateKey(job, role, copy, state, lane))
                         if name in keys:
-                            states[f"{role}/{copy}/{state}"] = (str(self.store.where(name)),
-                                                                 version)
+                            states[f"{role}/{copy_label(copy, lane)}/{state}"] = (
+                                str(self.store.where(name)), version)
             held[job] = {"token": hosted.token, "states": states,
-                         "next_seq": {f"{r}/{c}": n for (r, c), n in hosted.next_seq.items()}}
+                         "next_seq": next_seq_labels(hosted.next_seq)}
         return held
 
     def checkpoint(self, job: JobId, role: Role, path: str) -> dict:
@@ -176,7 +187,8 @@ class Service:
             self.failed.append({"key": str(key), "src": str(src), "dst": str(dst),
                                 "error": type(err).__name__})
             raise
-        if key.copy == Copy.ROLLOUT and key.state == State.WEIGHTS and dst == Tier.HOST:
+        if key.copy == Copy.ROLLOUT and key.state == State.WEIGHTS and dst == Tier.HOST \
+                and key.lane == 0:
             self._save_generator(key.job)   # the sampling generator travels with its copy
         if dst == Tier.DEVICE and str(key.state) in self.skip_onload:
             self.store.tensor(name).zero_()   # fault injection: as if the bytes never came back
@@ -240,18 +252,26 @@ class Service:
 
     def _use(self, request: CallRequest, copy: Copy, *states: State):
         """Pin the call's States on DEVICE for its duration (a move of them now is a bug)."""
-        return self.store.use(*(_name(StateKey(request.job, request.role, copy, s))
+        lane = request.lane if copy == Copy.ROLLOUT else 0
+        return self.store.use(*(_name(StateKey(request.job, request.role, copy, s, lane))
                                 for s in states))
 
     def _generate(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        """Sample the prompts; a lane's call (option ``rows``: [start, stop)) samples only
+        those rows, with the noise and padding of the whole batch (engine.py)."""
         prompts = [list(map(int, p)) for p in _field(request, payload, "prompts")]
+        start, stop = request.option("rows", (0, len(prompts)))
+        if not 0 <= start <= stop <= len(prompts):
+            raise CallError(f"job {request.job} call {request.seq}: rows [{start}, {stop}) are "
+                            f"not within the {len(prompts)} prompts; fix: leave rows to the "
+                            "client", job=request.job, seq=request.seq, function="generate")
         with self._use(request, Copy.ROLLOUT, State.WEIGHTS) as (weights,):
             out = model.engine.generate(
                 weights, prompts, max_tokens=request.max_tokens,
                 temperature=float(request.option("temperature", 1.0)),
                 top_p=float(request.option("top_p", 1.0)), stop=list(request.option("stop", ())),
-                generator=model.generator)
-        return {**out, "version": model.rollout_version}
+                generator=model.generators[request.lane], rows=slice(start, stop))
+        return {**out, "version": model.rollout_versions.get(request.lane, 0)}
 
     def _logprobs(self, request: CallRequest, model: HostedModel, payload) -> dict:
         ids = _field(request, payload, "input_ids")
@@ -288,7 +308,7 @@ class Service:
                                                      State.WEIGHTS)))
         with self._use(request, Copy.ROLLOUT, State.WEIGHTS) as (weights,):
             np.copyto(weights.numpy(), trainer)
-        model.rollout_version = request.version
+        model.rollout_versions[request.lane] = request.version
         return {"version": request.version}
 
     def _save(self, request: CallRequest, model: HostedModel, payload) -> dict:
@@ -302,7 +322,8 @@ class Service:
         if self.rank == 0:   # rank 0 writes the whole States
             tensors["generator"] = model.generator.get_state()
             save_file(tensors, path, metadata={"optim_steps": str(model.optim_steps),
-                                               "rollout_version": str(model.rollout_version)})
+                                               "rollout_version": str(
+                                                   model.rollout_versions.get(0, 0))})
         return {"path": path, "optim_steps": model.optim_steps}
 
     def _load(self, request: CallRequest, model: HostedModel, payload) -> dict:

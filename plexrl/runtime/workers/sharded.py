@@ -136,9 +136,14 @@ class ShardedEngine:
         rows = self.shard.rows(len(input_ids))
         return self.local.values(full, _rows(input_ids, rows), _rows(attention_mask, rows))
 
-    def generate(self, weights, prompts, **kw) -> dict[str, np.ndarray]:
+    def generate(self, weights, prompts, *, rows: slice = slice(None),
+                 **kw) -> dict[str, np.ndarray]:
+        """This rank's share of ``rows`` (a rollout lane's rows; all by default)."""
         full = self.full(weights)
-        return self.local.generate(full, prompts, rows=self.shard.rows(len(prompts)), **kw)
+        start, stop, _ = rows.indices(len(prompts))
+        mine = self.shard.rows(stop - start)
+        return self.local.generate(full, prompts, rows=slice(start + mine.start, start + mine.stop),
+                                   **kw)
 
     def forward_backward(self, weights, grads, batch, loss: str, **loss_args):
         """Add this rank's slice of d(loss)/d(weights) of the whole batch into ``grads``;

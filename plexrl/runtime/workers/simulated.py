@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexrl.errors import CallError
-from plexrl.protocol import Copy, Function, ModelSpec, Role, State, StateKey, Tier
-from plexrl.runtime.workers.order import CallOrder, copies_of, hosted_job, take_turn
+from plexrl.protocol import Copy, Function, ModelSpec, Role, State, StateKey, Tier, copy_label
+from plexrl.runtime.workers.order import (CallOrder, copies_of, hosted_job, next_seq_labels,
+                                         take_turn)
 
 MOVE_S = 0.0005   #: seconds a simulated transition takes
 
@@ -31,7 +32,7 @@ MOVE_S = 0.0005   #: seconds a simulated transition takes
 @dataclass
 class _Model:
     seed: int
-    bound: set = field(default_factory=set)
+    bound: set = field(default_factory=set)          #: (copy, lane) bound here
     optim_steps: int = 0
     rollout_version: int = 0
 
@@ -62,16 +63,17 @@ class SimulatedService:
 
     # -- jobs ---------------------------------------------------------------------------------
     def bind(self, job: str, token: str, role: Role, copy: Copy, spec: ModelSpec, seed: int,
-             sizes: dict[State, int], tiers: dict[State, Tier] | None = None) -> None:
+             sizes: dict[State, int], tiers: dict[State, Tier] | None = None,
+             lane: int = 0) -> None:
         with self._lock:
             hosted = self.jobs.setdefault(job, _Job(token, seed))
             model = hosted.models.setdefault(role, _Model(seed))
             for state in sizes:
                 if state != State.KV_CACHE:
-                    hosted.tiers[str(StateKey(job, role, copy, state))] = \
+                    hosted.tiers[str(StateKey(job, role, copy, state, lane))] = \
                         (tiers or {}).get(state, Tier.HOST)
-            model.bound.add(copy)
-            assert model.bound <= set(copies_of(role, spec))
+            model.bound.add((copy, lane))
+            assert {c for c, _ in model.bound} <= set(copies_of(role, spec))
 
     def unbind(self, job: str) -> None:
         with self._lock:
@@ -82,14 +84,15 @@ class SimulatedService:
         for job, hosted in self.jobs.items():
             states = {}
             for role, model in hosted.models.items():
-                for copy in model.bound:
+                for copy, lane in model.bound:
                     version = model.rollout_version if copy == Copy.ROLLOUT else model.optim_steps
                     for state in State:
-                        tier = hosted.tiers.get(str(StateKey(job, role, copy, state)))
+                        tier = hosted.tiers.get(str(StateKey(job, role, copy, state, lane)))
                         if tier is not None:
-                            states[f"{role}/{copy}/{state}"] = (str(tier), version)
+                            states[f"{role}/{copy_label(copy, lane)}/{state}"] = (str(tier),
+                                                                                  version)
             held[job] = {"token": hosted.token, "states": states,
-                         "next_seq": {f"{r}/{c}": n for (r, c), n in hosted.next_seq.items()}}
+                         "next_seq": next_seq_labels(hosted.next_seq)}
         return held
 
     # -- transitions --------------------------------------------------------------------------

@@ -37,7 +37,9 @@ from plexrl.timeline import Timeline
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    layout: str          #: "split-async": dedicated pools; "plexrl": private rollout + shared training
+    #: "split-async": dedicated pools; "plexrl": private rollout + shared training;
+    #: "plexrl-shared": the rollout fleet and the training pool both shared (D207)
+    layout: str
     placement: str       #: the core's placement knob
     backfill: bool
 
@@ -48,6 +50,7 @@ STRATEGIES = {s.name: s for s in (
     Strategy("pack", "plexrl", "pack", False),
     Strategy("spread", "plexrl", "spread", False),
     Strategy("spread+backfill", "plexrl", "spread", True),
+    Strategy("fleet+backfill", "plexrl-shared", "spread", True),
 )}
 BASELINE = "isolated"
 
@@ -101,9 +104,11 @@ def trace_spec(s: Scenario, job, layout: str, step_s: float) -> JobSpec:
     if layout == "split-async":
         pools = [PoolRequest(Role.POLICY, Copy.TRAINER, sizes.train_gpus, "train"),
                  PoolRequest(Role.POLICY, Copy.ROLLOUT, sizes.split_rollout_gpus, "rollout")]
-    else:
+    else:   # plexrl-shared: a job brings its share of the fleet, which its pool's jobs share
+        rollout = sizes.plexrl_private_gpus if layout == "plexrl" else \
+            sizes.fleet_gpus or sizes.plexrl_private_gpus
         pools = [PoolRequest(Role.POLICY, Copy.TRAINER, sizes.train_gpus, "train", pool=f"train/{w.model}"),
-                 PoolRequest(Role.POLICY, Copy.ROLLOUT, sizes.plexrl_private_gpus, "rollout")]
+                 PoolRequest(Role.POLICY, Copy.ROLLOUT, rollout, "rollout")]
     if w.reference_model:
         models.append(ModelDecl(Role.REFERENCE, m.spec(trainable=False)))
         pools.append(PoolRequest(Role.REFERENCE, Copy.TRAINER, same_as=(Role.POLICY, Copy.TRAINER)))

@@ -58,9 +58,9 @@ def compositions(s: Scenario, jobs: tuple[TraceJob, ...]) -> list[tuple[str, tup
     for workloads in by_model.values():
         kinds = sorted(workloads)
         keys += [("split-async", (w,)) for w in kinds]
-        if "plexrl" in layouts:
+        for layout in sorted(layouts & {"plexrl", "plexrl-shared"}):
             for k in range(1, s.trace.max_tenants + 1):
-                keys += [("plexrl", c) for c in combinations_with_replacement(kinds, k)]
+                keys += [(layout, c) for c in combinations_with_replacement(kinds, k)]
     return keys
 
 

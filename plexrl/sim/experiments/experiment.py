@@ -174,9 +174,36 @@ def cheapest(tried: dict[Sizes, ModeResult]) -> ModeResult:
 
 def search(s: Scenario, mode: str, workloads: tuple[str, ...], seed: int,
            with_alone: bool = True) -> ModeResult:
-    """The mode at its cheapest size (mean GPU-hours per step), slowdowns measured there."""
-    best = cheapest(tried_sizes(s, mode, workloads, seed))
-    return with_slowdowns(s, best, workloads, seed) if with_alone else best
+    """The mode at its cheapest size (mean GPU-hours per step), slowdowns measured there;
+    with ``max_slowdown``, the cheapest size that keeps every job within it."""
+    tried = tried_sizes(s, mode, workloads, seed)
+    best = cheapest(tried)
+    if not with_alone:
+        return best
+    return within_slowdown(s, tried, workloads, seed, with_slowdowns(s, best, workloads, seed))
+
+
+def worst_slowdown(result: ModeResult) -> float:
+    return max(r.slowdown for r in result.jobs.values())
+
+
+def within_slowdown(s: Scenario, tried: dict[Sizes, ModeResult], workloads: tuple[str, ...],
+                    seed: int, first: ModeResult) -> ModeResult:
+    """``first`` (the cheapest size, slowdowns measured) if no job's slowdown exceeds the
+    scenario's ``max_slowdown`` (0: no bound); else the next cheapest size that keeps every
+    job within it, measured in turn; if none does, the size with the smallest worst slowdown."""
+    bound = s.max_slowdown
+    if not bound or worst_slowdown(first) <= bound:
+        return first
+    best = first
+    for result in sorted(tried.values(), key=lambda r: (r.mean("gpu_hours_per_step"), str(r.chosen))):
+        if result.chosen == first.chosen:
+            continue
+        measured = with_slowdowns(s, result, workloads, seed)
+        if worst_slowdown(measured) <= bound:
+            return measured
+        best = min(best, measured, key=worst_slowdown)
+    return best
 
 
 def core_private_gpus(s: Scenario, workloads: tuple[str, ...], mode: str, table: SizesConfig) -> int:

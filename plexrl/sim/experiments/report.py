@@ -10,7 +10,7 @@ model provides ``models[<model>]`` and ``savings[<model>]``. Must not know: the 
 from __future__ import annotations
 
 from plexrl.sim.experiments.experiment import (ModeResult, alone_step_s, cheapest, core_private_gpus, fixed_sizes,
-                                               run_mode, slowed, try_sizes)
+                                               run_mode, slowed, try_sizes, within_slowdown)
 from plexrl.sim.experiments.pool import map_runs
 from plexrl.sim.scenario import Scenario
 
@@ -110,6 +110,9 @@ def build_report(s: Scenario, seed: int, max_workers: int | None = None) -> tupl
         for cell in cells:
             if cell[1] in SHARED_MODES:
                 pick[cell] = slowed(pick[cell], alone[(cell, pick[cell].chosen)])
+    for cell in cells:   # a job slowed beyond max_slowdown: the next cheapest size in bound
+        if cell[1] in SHARED_MODES:
+            sized[cell] = within_slowdown(s, tried[cell], workloads[cell[0]], seed, sized[cell])
     experiments, results, models, saved = {}, {}, {}, {}
     for name in s.experiments:
         results[name] = {mode: sized[(name, mode)] for mode in s.modes}
@@ -122,7 +125,7 @@ def build_report(s: Scenario, seed: int, max_workers: int | None = None) -> tupl
     reference = {m: {"vs_split_async": REFERENCE_SAVING.get(m), "bubble_frac": REFERENCE_BUBBLE.get(m)}
                  for m in models}
     report = {"scenario": s.name, "seed": seed, "queue_policy": s.queue_policy,
-              "savings": saved, "models": models, "reference": reference,
+              "max_slowdown": s.max_slowdown, "savings": saved, "models": models, "reference": reference,
               "experiments": experiments}
     return report, results
 
