@@ -103,8 +103,10 @@ def _restore(ctl, journaled, groups, held_by, now: float, found: dict) -> None:
                 else counted["trainer"]
         states[key] = replace(view, tier=Tier(tier),
                               version=version if key.state == State.WEIGHTS else view.version)
-    next_seq = {key: held_by[wg][job]["next_seq"].get(
-        f"{key[0]}/{copy_label(*split_copy_id(key)[1:])}", 0) for key, wg in groups.items()}
+    next_seq = {}
+    for key, wg in groups.items():
+        role, copy, lane = split_copy_id(key)
+        next_seq[key] = held_by[wg][job]["next_seq"].get(f"{role}/{copy_label(copy, lane)}", 0)
     jobs = dict(ctl.snap.jobs)
     jobs[job] = replace(jobs[job], next_seq=next_seq)
     ctl.snap = replace(ctl.snap, states=states, jobs=jobs)
