@@ -117,6 +117,18 @@ def copy_id(role: Role, copy: Copy, lane: int = 0) -> tuple:
     return (role, copy) if lane == 0 else (role, copy, lane)
 
 
+def shares(num: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each of ``parts`` contiguous near-equal shares of ``num`` rows,
+    the first ``num % parts`` one longer (rollout lanes, simulated rollout instances)."""
+    base, extra = divmod(num, parts)
+    out, start = [], 0
+    for part in range(parts):
+        stop = start + base + (part < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 def split_copy_id(key: tuple) -> tuple[Role, Copy, int]:
     """``(role, copy, lane)`` of a ``copy_id`` key."""
     return (key[0], key[1], key[2] if len(key) > 2 else 0)

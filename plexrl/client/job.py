@@ -21,7 +21,8 @@ from concurrent.futures import Future
 
 from plexrl.client.transport import Transport, open_transport
 from plexrl.errors import ConfigError
-from plexrl.protocol import (CallRequest, Function, JobId, JobRequest, ModelSpec, Role, Ticket)
+from plexrl.protocol import (CallRequest, Function, JobId, JobRequest, ModelSpec, Role, Ticket,
+                             shares)
 
 
 class Runtime:
@@ -132,7 +133,7 @@ class JobClient:
                 split = [(0, len(prompts)) if lane == turn else (len(prompts),) * 2
                          for lane in range(lanes)]
             else:
-                split = lane_rows(len(prompts), lanes)
+                split = shares(len(prompts), lanes)
             parts = [(self._call(Function.GENERATE, role, {"prompts": prompts},
                                  options={**options, "rows": rows}, lane=lane, locked=True,
                                  num_sequences=max(1, rows[1] - rows[0]), **fields), rows)
@@ -218,17 +219,6 @@ def _twin(verb: str):
 for _verb in ("generate", "logprobs", "forward_backward", "optim_step", "sync_weights", "save",
               "load"):
     setattr(JobClient, f"{_verb}_async", _twin(_verb))
-
-
-def lane_rows(num_rows: int, lanes: int) -> list[tuple[int, int]]:
-    """Each lane's contiguous rows ``[start, stop)``, the first lanes taking one more."""
-    base, extra = divmod(num_rows, lanes)
-    out, start = [], 0
-    for lane in range(lanes):
-        stop = start + base + (lane < extra)
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 def _joined(parts: list[Future], join) -> Future:

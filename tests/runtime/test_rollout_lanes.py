@@ -15,10 +15,9 @@ from safetensors.torch import load_file
 
 import grpo_like
 from plexrl.client import Runtime
-from plexrl.client.job import lane_rows
 from plexrl.client.mock import MockTransport
 from plexrl.errors import CallError, ConfigError
-from plexrl.protocol import CallRequest, Function, JobId, JobRequest, Role
+from plexrl.protocol import CallRequest, Function, JobId, JobRequest, Role, shares
 from plexrl.runtime.control.jobs import JobRecord, check_request, job_spec
 from plexrl.runtime.models import model_spec
 
@@ -114,7 +113,7 @@ def test_a_generate_is_one_call_per_lane_with_its_rows_joined_in_row_order():
     assert job.sync_weights().result() == {"version": 0}
     assert [(r.function, r.lane) for r in seen[3:]] == [(Function.SYNC_WEIGHTS, lane)
                                                          for lane in range(3)]
-    assert lane_rows(2, 3) == [(0, 1), (1, 2), (2, 2)]   # more lanes than rows: empty lanes
+    assert shares(2, 3) == [(0, 1), (1, 2), (2, 2)]   # more lanes than rows: empty lanes
 
 
 def test_split_by_calls_sends_each_generate_whole_to_one_lane_in_turn_and_waits_for_it_only():

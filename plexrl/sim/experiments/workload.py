@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plexrl.errors import ConfigError
+from plexrl.protocol import shares
 
 __all__ = [
     "DecodeModel", "ToolModel", "ToolCalls", "RolloutResult",
@@ -334,17 +335,6 @@ class _Instance:
             self.lengths[calling], self.num_calls[calling], self.segment[calling])
 
 
-def _chunk_bounds(num: int, num_instances: int) -> list[tuple[int, int]]:
-    """Contiguous near-equal chunks; the first ``num % num_instances`` get one more."""
-    base, extra = divmod(num, num_instances)
-    bounds, start = [], 0
-    for instance in range(num_instances):
-        stop = start + base + (instance < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def _padded_latencies(calls: ToolCalls, start: int, stop: int) -> np.ndarray:
     """Latencies of samples [start, stop) as a [sample, call] matrix (0 where no call)."""
     num_calls = calls.num_calls[start:stop]
@@ -378,7 +368,7 @@ def simulate_rollout(lengths: np.ndarray, prompt_tokens: int, num_instances: int
     calls = sample_tool_calls(rng, len(lengths), tool)
     busy_s, end_s, sample_end_s = [], [], np.zeros(len(lengths))
     decode_tokens, stall_s = 0, 0.0
-    for start, stop in _chunk_bounds(len(lengths), num_instances):
+    for start, stop in shares(len(lengths), num_instances):
         run = _Instance(lengths[start:stop], prompt_tokens, decode,
                         calls.num_calls[start:stop],
                         _padded_latencies(calls, start, stop)).run()
