@@ -9,9 +9,9 @@ A call travels down through the rooms; no room imports one above it (``.importli
   controller by name);
 - ``control/``: the controller, which feeds events to ``plexrl.core`` on the wall clock and
   hands every decision to the one executor; its journal and its recovery after a restart;
-- ``submitted/`` and ``observe/``, beside each other under the controller: what a team
-  submits (job files, the child process of a job's program) and what an operator reads
-  (metrics, the dashboard, the call log);
+- ``submitted/``, ``observe/`` and ``tinker/``, beside each other under the controller: what
+  a team submits (job files, the child process of a job's program), what an operator reads
+  (metrics, the dashboard, the call log), and the Tinker API the official SDK talks to;
 - ``workers/``: the service of one worker group, a Ray actor that runs the calls of every job
   bound to it on the PyTorch engine (or a simulated one) and moves their States;
 - ``tiers/``: the State storage that really moves bytes between device, host and disk;

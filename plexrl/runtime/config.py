@@ -79,6 +79,11 @@ class RuntimeConfig:
                                                 "(loopback unless told otherwise)")
     observe_port: int = option(0, unit="count", min=0, max=65535,
                                doc="its port; 0: one the OS picks (inspect('endpoints') says)")
+    tinker_port: int = option(0, unit="count", min=0, max=65535,
+                              doc="port of the Tinker API server, on observe_host; 0: one the "
+                                  "OS picks (inspect('endpoints')['tinker'])")
+    tinker_api_keys: tuple[str, ...] = option((), doc="API keys the Tinker server accepts "
+                                              "(each a tenant); empty: any key starting tml-")
 
     @property
     def num_devices(self) -> int:

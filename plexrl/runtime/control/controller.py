@@ -54,6 +54,7 @@ from plexrl.runtime.control.moving import StateMoves
 from plexrl.runtime.control.dispatching import CallDispatch
 from plexrl.runtime.control.inspection import Inspection
 from plexrl.runtime.control.submissions import SubmittedJobs
+from plexrl.runtime.tinker.server import TinkerServer
 
 
 class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection):
@@ -80,6 +81,7 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         self._replay: dict = {}                        #: recovery's view of the journal's calls
         self._starting: asyncio.Lock | None = None
         self.endpoints: Endpoints | None = None   #: metrics and dashboard (endpoints.py)
+        self.tinker: TinkerServer | None = None   #: the Tinker API (plexrl/runtime/tinker)
 
     async def start(self) -> dict:
         await self._up()
@@ -114,6 +116,9 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             self._spawn(self._expire_leases())
             self.endpoints = await Endpoints.start(self, self.config.observe_host,
                                                    self.config.observe_port)
+            self.tinker = await TinkerServer.start(self.config.observe_host,
+                                                   self.config.tinker_port,
+                                                   self.config.tinker_api_keys)
             self._plan()
 
     async def info(self) -> dict:

@@ -34,6 +34,8 @@ class JobEndings:
                                                        job=job))
         if self.endpoints is not None:
             await self.endpoints.stop()
+        if self.tinker is not None:
+            await self.tinker.stop()
         await self.executor.shutdown()
         self.journal.put("services", "down")
         self.journal.close()

@@ -34,7 +34,7 @@ class Inspection:
                                            for s in self.executor.services.values()))
             return dict(zip(self.executor.services, stats))
         if what == "endpoints":   # where to read metrics and the dashboard (plexrl status)
-            return self.endpoints.urls()
+            return {**self.endpoints.urls(), "tinker": self.tinker.url}
         if what == "clock":       # the records' clock: its zero (start) and now, monotonic s
             return {"started_s": self.endpoints.started_s, "now_s": time.monotonic()}
         if what == "status":
