@@ -8,6 +8,9 @@ scheduling) and does not import ``plexrl.runtime``.
 
     cross_entropy  SFT: mean negative logprob over loss_mask tokens     (policy.py)
     grpo           clipped importance ratio, asymmetric clip, k3 KL     (policy.py)
+    importance_sampling  Tinker's: unclipped ratio x advantage          (policy.py)
+    ppo            Tinker's: the ratio clipped to [0.8, 1.2]            (policy.py)
+    cispo          the clipped ratio, detached, weighting logprob x A   (policy.py)
     value          PPO's clipped value MSE                              (value.py)
 """
 

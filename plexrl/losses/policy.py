@@ -1,4 +1,5 @@
-"""Losses on token logprobs: supervised cross-entropy and GRPO's clipped surrogate.
+"""Losses on token logprobs: supervised cross-entropy, GRPO's clipped surrogate, and the
+policy-gradient losses by Tinker's names (``importance_sampling``, ``ppo``, ``cispo``).
 
 Owns: the per-token policy losses and their metrics. Must not know how logprobs were
 computed (temperature, model, engine) or where the batch came from.
@@ -12,6 +13,9 @@ How GRPO here departs from the PPO textbook:
 - the KL penalty is optional (``kl_coef``, default 0) and uses the k3 estimator
   ``exp(ref - new) - (ref - new) - 1`` against ``ref_logprobs``;
 - advantages may be per sequence (B,) or per token (B, T).
+
+Tinker's losses are sums over tokens: with ``num_tokens=1`` every loss here is one, and
+``cross_entropy`` with float ``loss_mask`` weights is Tinker's weighted ``cross_entropy``.
 """
 
 from __future__ import annotations
@@ -56,7 +60,44 @@ def grpo(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], *, eps_low: flo
                              "kl": masked_mean(kl, mask)})
 
 
+def importance_sampling(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], *,
+                        num_tokens: float | None = None) -> LossResult:
+    """Tinker's importance-sampled REINFORCE: ``-ratio * advantage`` per token, the ratio
+    ``exp(logprobs - old_logprobs)`` against the sampler's logprobs, unclipped."""
+    mask = as_float(batch, "loss_mask", logprobs)
+    ratio = ((logprobs - as_float(batch, "old_logprobs", logprobs)) * mask).exp()
+    loss = aggregate(-as_float(batch, "advantages", logprobs) * ratio, mask, num_tokens)
+    return LossResult(loss, {"num_tokens": float(mask.sum()), "ratio_mean": masked_mean(ratio, mask)})
+
+
+def ppo(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], *,
+        clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
+        num_tokens: float | None = None) -> LossResult:
+    """Tinker's PPO: GRPO's clipped surrogate with the ratio clipped to
+    ``[clip_low_threshold, clip_high_threshold]`` (Tinker's names and defaults), no KL."""
+    return grpo(logprobs, batch, eps_low=1.0 - clip_low_threshold,
+                eps_high=clip_high_threshold - 1.0, num_tokens=num_tokens)
+
+
+def cispo(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], *,
+          clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
+          num_tokens: float | None = None) -> LossResult:
+    """CISPO: the clipped ratio, with no gradient through it, weights ``-logprobs *
+    advantage`` per token (so a clipped token still gets a policy gradient)."""
+    mask = as_float(batch, "loss_mask", logprobs)
+    ratio = ((logprobs - as_float(batch, "old_logprobs", logprobs)) * mask).exp()
+    weight = ratio.clamp(clip_low_threshold, clip_high_threshold).detach()
+    loss = aggregate(-weight * logprobs * as_float(batch, "advantages", logprobs), mask,
+                     num_tokens)
+    return LossResult(loss, {"num_tokens": float(mask.sum()), "ratio_mean": masked_mean(ratio, mask),
+                             "clip_frac": masked_mean((weight != ratio).float(), mask)})
+
+
+_RL = ("loss_mask", "old_logprobs", "advantages")
 LOSSES = (
     LossFn("cross_entropy", "lm", ("loss_mask",), cross_entropy),
-    LossFn("grpo", "lm", ("loss_mask", "old_logprobs", "advantages"), grpo),
+    LossFn("grpo", "lm", _RL, grpo),
+    LossFn("importance_sampling", "lm", _RL, importance_sampling),
+    LossFn("ppo", "lm", _RL, ppo),
+    LossFn("cispo", "lm", _RL, cispo),
 )

@@ -28,8 +28,10 @@ def _policy_batch(old, advantages, mask=None, ref=None):
 
 def test_registry_names_heads_and_unknown_name():
     assert {name: fn.head for name, fn in LOSSES.items()} == {
-        "cross_entropy": "lm", "grpo": "lm", "value": "value"}
-    with pytest.raises(ConfigError, match=r"\['cross_entropy', 'grpo', 'value'\]"):
+        "cross_entropy": "lm", "grpo": "lm", "importance_sampling": "lm", "ppo": "lm",
+        "cispo": "lm", "value": "value"}
+    with pytest.raises(ConfigError, match=r"\['cispo', 'cross_entropy', 'grpo', "
+                                          r"'importance_sampling', 'ppo', 'value'\]"):
         get_loss("dpo")
 
 
@@ -122,3 +124,52 @@ def test_micro_batches_sharing_num_tokens_add_up_to_the_batch(rows, length, seed
                                  num_tokens=total).loss
                 for rows_ in (slice(0, split), slice(split, rows)))
     assert torch.allclose(whole, parts, atol=1e-6)
+
+
+# --- Tinker's policy-gradient losses, as its docs define them (sums with num_tokens=1) ------
+
+def _tinker_case():
+    new = torch.tensor([[-1.0, -0.5, -2.0, -0.3]], requires_grad=True)
+    batch = _policy_batch([[-1.2, -0.4, -1.0, -0.3]], [[1.0, -2.0, 0.5, 0.0]],
+                          mask=[[1.0, 1.0, 1.0, 0.0]])
+    return new, batch, (new - batch["old_logprobs"]).exp().detach()
+
+
+def test_importance_sampling_is_minus_the_summed_ratio_times_advantage_and_its_gradient():
+    new, batch, ratio = _tinker_case()
+    out = get_loss("importance_sampling")(new, batch, num_tokens=1.0)
+    mask, adv = batch["loss_mask"], batch["advantages"]
+    assert out.loss.item() == pytest.approx(float(-(ratio * adv * mask).sum()), rel=1e-6)
+    out.loss.backward()   # d/dlogp of -r A = -r A
+    torch.testing.assert_close(new.grad, -ratio * adv * mask)
+
+
+def test_ppo_clips_the_ratio_to_tinkers_thresholds():
+    new, batch, ratio = _tinker_case()
+    out = get_loss("ppo")(new, batch, num_tokens=1.0)
+    adv, mask = batch["advantages"], batch["loss_mask"]
+    want = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    assert out.loss.item() == pytest.approx(float((want * mask).sum()), rel=1e-6)
+    narrow = get_loss("ppo")(new, batch, num_tokens=1.0, clip_low_threshold=0.9,
+                             clip_high_threshold=1.1)
+    want = -torch.minimum(ratio * adv, ratio.clamp(0.9, 1.1) * adv)
+    assert narrow.loss.item() == pytest.approx(float((want * mask).sum()), rel=1e-6)
+
+
+def test_cispo_weights_logprobs_by_the_detached_clipped_ratio():
+    new, batch, ratio = _tinker_case()
+    out = get_loss("cispo")(new, batch, num_tokens=1.0)
+    adv, mask = batch["advantages"], batch["loss_mask"]
+    weight = ratio.clamp(0.8, 1.2)
+    assert out.loss.item() == pytest.approx(float((-weight * new.detach() * adv * mask).sum()),
+                                            rel=1e-6)
+    out.loss.backward()   # no gradient through the ratio: d/dlogp = -clip(r) A
+    torch.testing.assert_close(new.grad, -weight * adv * mask)
+    assert out.metrics["clip_frac"] > 0   # the third token's ratio e^-1 is clipped
+
+
+def test_weighted_cross_entropy_with_num_tokens_one_is_tinkers_sum():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0]])
+    out = get_loss("cross_entropy")(logprobs, {"loss_mask": torch.tensor([[0.0, 0.5, 2.0]])},
+                                    num_tokens=1.0)
+    assert out.loss.item() == pytest.approx(0.5 * 2.0 + 2.0 * 3.0)
