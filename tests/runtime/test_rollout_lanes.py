@@ -84,7 +84,11 @@ def test_two_lanes_sample_the_tokens_and_train_the_weights_of_one_rollout_copy(
     for got, want in zip(laned["a"], one["a"], strict=True):
         np.testing.assert_array_equal(got["tokens"], want["tokens"])
         np.testing.assert_array_equal(got["old_logprobs"], want["old_logprobs"])
-        np.testing.assert_allclose(got["gen_logprobs"], want["gen_logprobs"], rtol=0, atol=1e-5)
+        if split == "calls":   # one lane samples the whole batch: the same forward, bitwise
+            np.testing.assert_array_equal(got["gen_logprobs"], want["gen_logprobs"])
+        else:
+            np.testing.assert_allclose(got["gen_logprobs"], want["gen_logprobs"], rtol=0,
+                                       atol=1e-5)
     trainer = ("weights", "grads", "optimizer")   # the sampling streams live with the lanes
     assert _weights_equal({k: laned_saved["a"][k] for k in trainer},
                           {k: one_saved["a"][k] for k in trainer})
