@@ -37,6 +37,7 @@ import argparse, json, os, statistics, threading, time  # noqa: E401
 import numpy as np
 
 import plexrl
+from plexrl.rl.grpo import build_batch
 from plexrl.runtime.config import RuntimeConfig, WorkerGroupConfig
 from plexrl.runtime.models import model_spec
 
@@ -52,15 +53,6 @@ def lengths(seed: int, steps: int, median: int, sigma: float, cap: int) -> list[
             for _ in range(steps)]
 
 
-def batch_of(prompts, gen: dict) -> dict[str, np.ndarray]:
-    rows = [list(p) + gen["tokens"][i, :gen["lengths"][i]].tolist() for i, p in enumerate(prompts)]
-    ids = np.zeros((len(rows), max(map(len, rows))), dtype=np.int64)
-    mask, loss_mask = np.zeros_like(ids), np.zeros(ids.shape, dtype=np.float32)
-    for i, (prompt, row) in enumerate(zip(prompts, rows)):
-        ids[i, :len(row)], mask[i, :len(row)], loss_mask[i, len(prompt):len(row)] = row, 1, 1
-    return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
-
-
 def train_step(job, step: int, max_tokens: int, reward_s: float) -> float:
     start = time.monotonic()
     prompts = [list(p) for p in PROMPTS for _ in range(GROUP)]
@@ -69,7 +61,7 @@ def train_step(job, step: int, max_tokens: int, reward_s: float) -> float:
     time.sleep(reward_s)                              # the verifier scores the completions
     rewards = rewards.reshape(len(PROMPTS), GROUP)
     advantages = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True) + 1e-6)
-    batch = batch_of(prompts, gen)
+    batch = build_batch(prompts, gen, pad_id=0)   # old_logprobs replaced by LOGPROBS below
     old = job.logprobs(batch, step=step).result()["logprobs"]
     job.forward_backward({**batch, "old_logprobs": old,
                           "advantages": advantages.reshape(-1).astype(np.float32)},
