@@ -141,10 +141,13 @@ class JobClient:
         return _joined([part for part, (start, stop) in parts if stop > start], _join_rows)
 
     def logprobs(self, batch: dict, *, role: Role = Role.POLICY, temperature: float = 1.0,
-                 step: int = 0) -> Future:
-        """Per-token log-probabilities of ``batch["input_ids"]`` (values, for a value head)."""
-        return self._call(Function.LOGPROBS, role, batch, step=step,
-                          options={"temperature": temperature}, **_sizes(batch))
+                 step: int = 0, loss: str | None = None, **loss_args) -> Future:
+        """Per-token log-probabilities of ``batch["input_ids"]`` (values, for a value head);
+        of ``batch["target_tokens"]`` at each position when it has them. With ``loss``,
+        that loss and its metrics on the batch instead, no gradient taken."""
+        options = {"temperature": temperature} if loss is None else {"loss": loss, **loss_args}
+        return self._call(Function.LOGPROBS, role, batch, step=step, options=options,
+                          **_sizes(batch))
 
     def forward_backward(self, batch: dict, *, loss: str, role: Role = Role.POLICY,
                          step: int = 0, **loss_args) -> Future:
@@ -174,13 +177,17 @@ class JobClient:
         """Write the trainer copy's weights, optimizer state and sampling generator to ``path``."""
         return self._call(Function.SAVE, role, None, options={"path": str(path)})
 
-    def load(self, path: str, *, role: Role = Role.POLICY, version: int = 0) -> Future:
+    def load(self, path: str, *, role: Role = Role.POLICY, version: int = 0,
+             optimizer: bool = True) -> Future:
         """Read what ``save`` wrote back into the trainer copy: a new weight version, or, with
-        ``version`` (a job resuming from a checkpoint of that version), that version."""
+        ``version`` (a job resuming from a checkpoint of that version), that version. With
+        ``optimizer=False`` only the weights: the optimizer starts afresh, the sampling
+        generator goes on."""
+        options = {"path": str(path)} if optimizer else {"path": str(path), "optimizer": False}
         with self._lock:
             current = self._versions.get(role, 0)
             self._versions[role] = version if version > current else current + 1
-            return self._call(Function.LOAD, role, None, options={"path": str(path)},
+            return self._call(Function.LOAD, role, None, options=options,
                               version=self._versions[role] if version > current else 0,
                               locked=True)
 

@@ -84,6 +84,9 @@ class RuntimeConfig:
                                   "OS picks (inspect('endpoints')['tinker'])")
     tinker_api_keys: tuple[str, ...] = option((), doc="API keys the Tinker server accepts "
                                               "(each a tenant); empty: any key starting tml-")
+    tinker_models: tuple[str, ...] = option((), doc="local Hugging Face checkpoint directories "
+                                            "the Tinker API serves as base models, besides the "
+                                            "built-in tiny configs")
 
     @property
     def num_devices(self) -> int:

@@ -32,6 +32,9 @@ import secrets
 import time
 from pathlib import Path
 
+import ray
+
+from plexrl.client.job import Runtime
 from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
 from plexrl.core.decisions import Dispatch, Move, Place, Reject
@@ -46,6 +49,7 @@ from plexrl.runtime.control import recovery
 from plexrl.runtime.observe.call_log import CallLog
 from plexrl.runtime.observe.endpoints import Endpoints
 from plexrl.runtime.control.executor import Executor
+from plexrl.runtime.control.handle_transport import HandleTransport
 from plexrl.runtime.control.jobs import (JobRecord, PendingCall, check_request, job_spec,
                                          workspace_bytes)
 from plexrl.runtime.control.journal import TERMINAL, Journal, state_dir
@@ -116,10 +120,13 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             self._spawn(self._expire_leases())
             self.endpoints = await Endpoints.start(self, self.config.observe_host,
                                                    self.config.observe_port)
-            self.tinker = await TinkerServer.start(self.config.observe_host,
-                                                   self.config.tinker_port,
-                                                   self.config.tinker_api_keys)
             self._plan()
+            self.tinker = TinkerServer.start_thread(   # the Tinker API's jobs come through
+                self.config.observe_host, self.config.tinker_port,   # this controller's handle
+                runtime=Runtime(HandleTransport(ray.get_runtime_context().current_actor,
+                                                self.config.lease_s)),
+                root=Path(state_dir(self.config, self.session)) / "tinker",
+                keys=self.config.tinker_api_keys, sources=self.config.tinker_models)
 
     async def info(self) -> dict:
         await self._up()

@@ -35,7 +35,8 @@ class JobEndings:
         if self.endpoints is not None:
             await self.endpoints.stop()
         if self.tinker is not None:
-            await self.tinker.stop()
+            await asyncio.get_running_loop().run_in_executor(None, self.tinker.stop_thread)
+            self.tinker.runtime.close()
         await self.executor.shutdown()
         self.journal.put("services", "down")
         self.journal.close()

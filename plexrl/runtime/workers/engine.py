@@ -158,8 +158,12 @@ class Engine:
         return self._module(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                             past_key_values=past, use_cache=past is not None)
 
-    def _token_logprobs(self, input_ids, mask, temperature: float) -> torch.Tensor:
+    def _token_logprobs(self, input_ids, mask, temperature: float,
+                        targets: torch.Tensor | None = None) -> torch.Tensor:
         logits = self._forward(input_ids, mask, _positions(mask)).logits
+        if targets is not None:   # Tinker's alignment: position t scores targets[t]
+            scaled = logits / (temperature or 1.0)
+            return scaled.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1) * mask
         scaled = logits[:, :-1] / (temperature or 1.0)
         picked = scaled.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         # a token counts only when it and the one before it are attended: the first token
@@ -175,16 +179,25 @@ class Engine:
 
     # --- calls -----------------------------------------------------------------------------
 
-    def logprobs(self, weights, input_ids, attention_mask=None, *, temperature=1.0):
+    def logprobs(self, weights, input_ids, attention_mask=None, *, temperature=1.0,
+                 target_tokens=None):
         """log p(token t | tokens < t) under softmax(logits / temperature), shape (B, T).
 
         Column 0, a row's first attended token and masked positions are 0. Temperature 0
-        means 1 (as in ``generate``).
+        means 1 (as in ``generate``). With ``target_tokens`` (B, T), column t is instead
+        log p(target_tokens[t] | input_ids[:t + 1]) (Tinker's alignment; masked positions 0).
         """
         self._need_head("lm", "logprobs")
         ids, mask = self._inputs(input_ids, attention_mask)
+        targets = None if target_tokens is None else _tensor(target_tokens, torch.long)
         with torch.no_grad(), self._bound(weights):
-            return self._token_logprobs(ids, mask, temperature).numpy()
+            return self._token_logprobs(ids, mask, temperature, targets).numpy()
+
+    def forward_loss(self, weights, batch, loss: str, **loss_args) -> dict:
+        """The loss of ``batch`` and its metrics, with no gradient taken (Tinker's
+        ``forward``); with ``target_tokens`` in the batch, its per-token ``logprobs`` too."""
+        with torch.no_grad(), self.loss_of(weights, batch, loss, loss_args) as (result, _, out):
+            return self._answer(result, out, batch)
 
     def values(self, weights, input_ids, attention_mask=None) -> np.ndarray:
         """The value head's scalar at every position, shape (B, T); masked positions 0."""
@@ -222,32 +235,44 @@ class Engine:
         sees token logprobs (an "lm" loss, at ``loss_args['temperature']``, default 1) or
         values (a "value" loss). Pass ``num_tokens`` to normalise by a count shared by
         several calls, so that micro-batches accumulate to the whole batch's gradient.
+        With ``target_tokens`` (B, T) in the batch, the logprobs are those of the targets
+        (``logprobs``'s Tinker alignment) and are returned too, as ``logprobs``.
         """
         _check_flat(grads, self.numel, "grads")
-        with self.loss_of(weights, batch, loss, loss_args) as (result, params):
+        with self.loss_of(weights, batch, loss, loss_args) as (result, params, outputs):
             leaves = [params[s.name] for s in self._layout]
             grads_of = torch.autograd.grad(result.loss, leaves, allow_unused=True)
         for slot, g in zip(self._layout, grads_of):
             if g is not None:
                 grads[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
-        return {"loss": float(result.loss.detach()), **result.metrics}
+        return self._answer(result, outputs, batch)
+
+    @staticmethod
+    def _answer(result, outputs: torch.Tensor, batch) -> dict:
+        out = {"loss": float(result.loss.detach()), **result.metrics}
+        if "target_tokens" in batch:
+            out["logprobs"] = outputs.detach().numpy()
+        return out
 
     @contextmanager
     def loss_of(self, weights, batch, loss: str, loss_args: dict):
-        """The loss of ``batch`` with ``weights`` bound as leaves that require grad: yields
-        the ``LossResult`` and the leaves by Slot name, for the caller to differentiate."""
+        """The loss of ``batch`` with ``weights`` bound as leaves that require grad (unless
+        grad is off): yields the ``LossResult``, the leaves by Slot name (for the caller to
+        differentiate) and the per-token outputs the loss saw."""
         loss_fn = get_loss(loss)
         self._need_head(loss_fn.head, f"loss {loss!r}")
         loss_args = dict(loss_args)
         temperature = loss_args.pop("temperature", 1.0)
         tensors = {k: _tensor(v) for k, v in batch.items()}
         ids, mask = self._inputs(tensors["input_ids"], tensors.get("attention_mask"))
-        with self._bound(weights, grad=True) as params:
+        targets = tensors.get("target_tokens")
+        with self._bound(weights, grad=torch.is_grad_enabled()) as params:
             if loss_fn.head == "lm":
-                outputs = self._token_logprobs(ids, mask, temperature)
+                outputs = self._token_logprobs(ids, mask, temperature,
+                                               None if targets is None else targets.long())
             else:
                 outputs = self._forward(ids, mask, _positions(mask)).logits.squeeze(-1)
-            yield loss_fn(outputs, tensors, **loss_args), params
+            yield loss_fn(outputs, tensors, **loss_args), params, outputs
 
     @property
     def layout(self) -> tuple[Slot, ...]:

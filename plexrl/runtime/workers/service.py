@@ -274,13 +274,19 @@ class Service:
         return {**out, "version": model.rollout_versions.get(request.lane, 0)}
 
     def _logprobs(self, request: CallRequest, model: HostedModel, payload) -> dict:
+        """Per-token logprobs (values, for a value head); with option ``loss``, that loss
+        and its metrics too, no gradient taken (Tinker's ``forward``)."""
         ids = _field(request, payload, "input_ids")
         mask = payload.get("attention_mask")
+        options = dict(request.options)
         with self._use(request, Copy.TRAINER, State.WEIGHTS) as (weights,):
+            if "loss" in options:
+                return model.engine.forward_loss(weights, payload, options.pop("loss"), **options)
             if model.engine.spec.head == "value":
                 return {"values": model.engine.values(weights, ids, mask)}
             return {"logprobs": model.engine.logprobs(
-                weights, ids, mask, temperature=float(request.option("temperature", 1.0)))}
+                weights, ids, mask, temperature=float(request.option("temperature", 1.0)),
+                target_tokens=payload.get("target_tokens"))}
 
     def _forward_backward(self, request: CallRequest, model: HostedModel, payload) -> dict:
         options = dict(request.options)
@@ -335,12 +341,17 @@ class Service:
                             "SAVE wrote", job=request.job, seq=request.seq,
                             function="load") from None
         states = self._trainer_states(request)
+        weights_only = not request.option("optimizer", True)   # a fresh optimizer, no grads
         with self._use(request, Copy.TRAINER, *states) as buffers:
             for state, buffer in zip(states, buffers):
+                if weights_only and state != State.WEIGHTS:
+                    buffer.zero_()
+                    continue
                 whole = tensors[str(state)]
                 buffer.copy_(whole if self.world == 1 else
                              model.engine.take_state(whole, optimizer=state == State.OPTIMIZER))
-        model.generator.set_state(tensors["generator"])
+        if not weights_only:
+            model.generator.set_state(tensors["generator"])
         if request.version:   # a resumed job names the version it restores
             model.optim_steps = request.version
         return {"path": path}

@@ -125,11 +125,13 @@ class ShardedEngine:
 
     # --- calls: each returns this rank's rows; the group's driver joins them -----------------
 
-    def logprobs(self, weights, input_ids, attention_mask=None, *, temperature=1.0):
+    def logprobs(self, weights, input_ids, attention_mask=None, *, temperature=1.0,
+                 target_tokens=None):
         full = self.full(weights)
         rows = self.shard.rows(len(input_ids))
         return self.local.logprobs(full, _rows(input_ids, rows), _rows(attention_mask, rows),
-                                   temperature=temperature)
+                                   temperature=temperature,
+                                   target_tokens=_rows(target_tokens, rows))
 
     def values(self, weights, input_ids, attention_mask=None) -> np.ndarray:
         full = self.full(weights)
@@ -149,6 +151,7 @@ class ShardedEngine:
         """Add this rank's slice of d(loss)/d(weights) of the whole batch into ``grads``;
         returns the whole batch's loss and metrics (the same on every rank)."""
         _check_flat(grads, self.numel, "grads")
+        _whole_rows_only(batch)
         full = self.full(weights)
         size = len(batch["input_ids"])
         rows = self.shard.rows(size)
@@ -158,7 +161,7 @@ class ShardedEngine:
         if rows.start == rows.stop:   # no rows here: run one row at weight 0, so every rank
             rows, scale = slice(0, 1), 0.0   # reduces the same gradients in the same order
         mine = {k: _rows(v, rows) if _is_batched(v, size) else v for k, v in batch.items()}
-        with self.local.loss_of(full, mine, loss, loss_args) as (result, params):
+        with self.local.loss_of(full, mine, loss, loss_args) as (result, params, _):
             hooks = [params[s.name].register_post_accumulate_grad_hook(self._reducer(s, grads))
                      for s in self.local.layout]
             try:
@@ -167,6 +170,12 @@ class ShardedEngine:
                 for hook in hooks:
                     hook.remove()
         return self._reduced(result, scale)
+
+    def forward_loss(self, weights, batch, loss: str, **loss_args):
+        _whole_rows_only(batch)
+        raise ValueError("a loss without gradients (Tinker's forward) on a group of "
+                         f"{self.shard.world} devices is not served yet; bind the job to a "
+                         "one-device worker group")
 
     def _reducer(self, slot, grads: torch.Tensor):
         """A hook that sums one parameter's gradient over the ranks and keeps this rank's
@@ -249,6 +258,13 @@ class ShardedEngine:
 
     def activation_bytes(self, batch: int, seq_len: int) -> int:
         return self.local.activation_bytes(batch, seq_len)
+
+
+def _whole_rows_only(batch) -> None:
+    if "target_tokens" in batch:   # the per-token outputs would stay split over the ranks
+        raise ValueError("per-token outputs of target_tokens (Tinker's forward_backward) on a "
+                         "sharded group are not served yet; bind the job to a one-device "
+                         "worker group")
 
 
 def _rows(array, rows: slice):
