@@ -11,7 +11,7 @@ it is PlexRL's: point it at any Tinker server.
     plexrl up        # then: plexrl status  (its "tinker:" line is the URL)
     TINKER_BASE_URL=http://127.0.0.1:PORT TINKER_API_KEY=tml-mine python examples/tinker_rl.py
 
-It prints one line per step: ``step N reward R``.
+It prints one line per step, ``step N reward R``, and a fingerprint of the final weights.
 """
 
 from __future__ import annotations
@@ -44,6 +44,42 @@ def datum(prompt: list[int], answer: list[int], logprobs: list[float],
                         "advantages": [0.0] * n + [advantage] * len(answer)})
 
 
+PROBE = datum([BOS, FIRST], [FIRST] * ANSWER, [0.0] * ANSWER, 1.0)   #: scores the weights
+
+
+def train(service: tinker.ServiceClient, *, base_model: str = "tiny-qwen2", steps: int = 20,
+          prompts: int = 8, group: int = 8, lr: float = 1e-2, seed: int = 0,
+          log=None) -> tuple[list[float], float]:
+    """Run the loop; returns the mean reward of each step and a fingerprint of the final
+    weights (the probe's importance-sampling loss, a float that any change of weight moves)."""
+    rng = random.Random(seed)
+    training = service.create_lora_training_client(base_model=base_model, rank=8,
+                                                   seed=seed).result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=ANSWER, temperature=1.0)
+    history = []
+    for step in range(steps):
+        asked = [[BOS, rng.randint(FIRST, LAST)] for _ in range(prompts)]
+        futures = [sampler.sample(types.ModelInput.from_ints(p), num_samples=group,
+                                  sampling_params=params) for p in asked]
+        data, rewards = [], []
+        for prompt, future in zip(asked, futures):
+            sequences = future.result().sequences
+            scores = [reward(prompt, s.tokens) for s in sequences]
+            mean = sum(scores) / len(scores)
+            rewards += scores
+            data += [datum(prompt, s.tokens, s.logprobs, r - mean)
+                     for s, r in zip(sequences, scores) if s.tokens]
+        training.forward_backward(data, "importance_sampling").result()
+        training.optim_step(types.AdamParams(learning_rate=lr)).result()
+        sampler = training.save_weights_and_get_sampling_client().result()
+        history.append(sum(rewards) / len(rewards))
+        if log:
+            log(f"step {step} reward {history[-1]:.3f}")
+    probe = training.forward([PROBE], "importance_sampling").result()
+    return history, probe.metrics["loss:sum"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-model", default="tiny-qwen2")
@@ -53,29 +89,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rng = random.Random(args.seed)
-
     service = tinker.ServiceClient()          # TINKER_BASE_URL, TINKER_API_KEY
-    training = service.create_lora_training_client(base_model=args.base_model, rank=8,
-                                                   seed=args.seed).result()
-    sampler = training.save_weights_and_get_sampling_client().result()
-    params = types.SamplingParams(max_tokens=ANSWER, temperature=1.0)
-    for step in range(args.steps):
-        prompts = [[BOS, rng.randint(FIRST, LAST)] for _ in range(args.prompts)]
-        futures = [sampler.sample(types.ModelInput.from_ints(p), num_samples=args.group,
-                                  sampling_params=params) for p in prompts]
-        data, rewards = [], []
-        for prompt, future in zip(prompts, futures):
-            sequences = future.result().sequences
-            group = [reward(prompt, s.tokens) for s in sequences]
-            mean = sum(group) / len(group)
-            rewards += group
-            data += [datum(prompt, s.tokens, s.logprobs, r - mean)
-                     for s, r in zip(sequences, group) if s.tokens]
-        training.forward_backward(data, "importance_sampling").result()
-        training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
-        sampler = training.save_weights_and_get_sampling_client().result()
-        print(f"step {step} reward {sum(rewards) / len(rewards):.3f}", flush=True)
+    _, fingerprint = train(service, base_model=args.base_model, steps=args.steps,
+                           prompts=args.prompts, group=args.group, lr=args.lr, seed=args.seed,
+                           log=lambda line: print(line, flush=True))
+    print(f"final weights fingerprint {fingerprint!r}")
     service.close("success")
 
 
