@@ -1,6 +1,6 @@
-"""The Tinker API server (D209), driven by the official ``tinker`` SDK, pinned in
-requirements.txt: the calls served so far (health, capabilities, a session's life), and
-bad keys and other tenants' sessions refused with the SDK's own errors."""
+"""The Tinker API server's sessions (D209), driven by the official ``tinker`` SDK, pinned in
+requirements.txt: health, capabilities, a session's life, and bad keys and other tenants'
+sessions refused with the SDK's own errors. Models and sampling: test_tinker_sdk.py."""
 
 from __future__ import annotations
 
