@@ -37,6 +37,9 @@ class State(enum.StrEnum):
     GRADS = "grads"
     OPTIMIZER = "optimizer"
     KV_CACHE = "kv_cache"
+    #: a LoRA model's frozen base weights: one per worker group and base, owned by no job and
+    #: shared by every LoRA job bound there on that base (``base_key``; docs/design.md, D215)
+    BASE = "base"
 
 
 class Tier(enum.StrEnum):
@@ -88,6 +91,12 @@ NEEDS: dict[Function, tuple[State, ...]] = {
     Function.LOAD: _TRAIN_STATES,     # restores weights and optimizer state in place
 }
 
+#: The Functions that run a model forward: a LoRA model's needs its base resident too.
+FORWARD: frozenset[Function] = frozenset({Function.GENERATE, Function.LOGPROBS,
+                                          Function.FORWARD_BACKWARD})
+
+BASE_OWNER = "base:"             #: the ``job`` of a base's StateKey starts so; no job id may
+
 #: The States each copy of a trained model holds; a frozen model (reference, reward)
 #: holds only weights on its trainer copy.
 STATES_OF: dict[Copy, tuple[State, ...]] = {
@@ -109,6 +118,11 @@ class StateKey:
     def __str__(self) -> str:
         lane = f"#{self.lane}" if self.lane else ""
         return f"{self.job}/{self.role}/{self.copy}{lane}/{self.state}"
+
+
+def base_key(base: str, wg: WorkerGroupId) -> StateKey:
+    """The State of the frozen base ``base`` on worker group ``wg`` (D215)."""
+    return StateKey(JobId(f"{BASE_OWNER}{base}@{wg}"), Role.POLICY, Copy.TRAINER, State.BASE)
 
 
 def copy_id(role: Role, copy: Copy, lane: int = 0) -> tuple:
@@ -175,10 +189,24 @@ class ModelSpec:
     vocab_size: int = 0          #: sizes the logits in a call's activation estimate
     sharded: bool = False        #: FSDP / ZeRO-3: one replica whose States are split in equal
     #: (padded) shards over every device of the group it is bound to, rollout copy included
+    #: LoRA (D215): adapters of this rank on a frozen base named ``base`` of ``base_params``
+    #: parameters. ``total_params`` are then the adapters' (what WEIGHTS, GRADS and
+    #: OPTIMIZER hold), ``active_params`` the base's per token (what a forward computes).
+    lora_rank: int = 0
+    base: str = ""
+    base_params: float = 0.0
+    lora_targets: tuple[str, ...] = ()   #: runtime: the parts adapted (models.LORA_PARTS)
 
     def __post_init__(self):
         if self.head not in ("lm", "value"):
             raise ValueError(f"model {self.name}: head must be 'lm' or 'value', got {self.head!r}")
+        if self.lora_rank and (not self.base or self.base_params <= 0):
+            raise ValueError(f"model {self.name}: a LoRA model (lora_rank {self.lora_rank}) "
+                             "names its base and the base's parameter count (base, base_params)")
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
 
     @property
     def train_devices(self) -> int:

@@ -21,7 +21,7 @@ from plexrl.core import decisions as d
 from plexrl.core import events as e
 from plexrl.core.jobs import keys_of
 from plexrl.core.snapshot import CallView, Snapshot
-from plexrl.protocol import JobId, State, StateKey, WorkerGroupId
+from plexrl.protocol import JobId, State, StateKey, WorkerGroupId, base_key
 
 #: Derived values that depend on the cluster alone (a fold that changes the cluster, as
 #: cutting or releasing a worker group does, carries nothing: the new Snapshot starts afresh).
@@ -74,6 +74,8 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
             # its job's learned service times feed the queue policy on all the job's groups
             return Delta(states=(weights,) if new.states is not old.states else (),
                          groups=frozenset((wg, *old.jobs[call.job].bindings.values())))
+        case e.TransitionFinished(key=key) if key not in old.states:
+            return Delta()   # its job (or a base's last job) ended while it moved
         case e.TransitionFinished(key=key) | d.Move(key=key, for_call=None):
             return Delta(states=(key,))
         case d.Move(key=key, wg=wg):
@@ -83,7 +85,11 @@ def delta_of(old: Snapshot, new: Snapshot, change) -> Delta:
                          groups=frozenset((wg,)))
         case d.Place(job=job, role=role, copy=copy, wg=wg, carve=None, lane=lane):
             was = old.jobs.get(job)
-            keys = keys_of(job, new.jobs[job].spec.model(role), copy, lane)
+            decl = new.jobs[job].spec.model(role)
+            keys = keys_of(job, decl, copy, lane)
+            base = base_key(decl.spec.base, wg)
+            if decl.spec.lora and base not in old.states:   # the first LoRA job on it here
+                keys += (base,)
             return Delta(states=keys, rebound=(job,),
                          groups=frozenset((wg, *(was.bindings.values() if was else ()))))
     return diff(old, new)

@@ -30,7 +30,7 @@ class Invariant(enum.IntEnum):
     HOST_BUDGET = 3        # a node's host bytes (parked States, arrivals) <= host memory
     RESIDENT = 4           # a call runs only with its States on DEVICE, current, not moving
     ORDER = 5              # a job's calls on one model copy run in issue order
-    ISOLATION = 6          # a call touches only its own job's States
+    ISOLATION = 6          # a call touches only its own job's States (and the LoRA base it reads)
     VERSION_FORWARD = 7    # a weight version only moves forward
     STALENESS = 8          # GENERATE of step k samples from version max(0, k - s) exactly
     AFFINITY = 9           # a call runs on its copy's bound group, one call at a time
@@ -105,7 +105,7 @@ def _check_dispatch(snap: Snapshot, dec: Dispatch) -> list[Violation]:
     expected = snap.jobs[call.job].next_seq[call.copy_id]
     if call.seq != expected:
         out.append(Violation(Invariant.ORDER, f"{call.job} call seq {call.seq} before seq {expected}"))
-    foreign = [k for k in dec.uses if k.job != call.job]
+    foreign = [k for k in dec.uses if k.job != call.job and k not in needed_keys(snap, call)]
     if foreign:
         out.append(Violation(Invariant.ISOLATION, f"call {call.call} of {call.job} uses {foreign[0]}"))
     for key in dict.fromkeys((*needed_keys(snap, call), *dec.uses)):

@@ -9,7 +9,9 @@ trainer WEIGHTS = dtype x params per data-parallel rank, GRADS = 4 x params per 
 OPTIMIZER = 12 x params sharded across ranks (fp32 master + two moments; for fp32
 weights, their own master, 8 x params and a step count); the rollout copy
 holds dtype x params per instance of ``rollout_tp`` devices, and its KV cache takes the
-rest of the usable memory, as inference engines pre-allocate it.
+rest of the usable memory, as inference engines pre-allocate it. A LoRA model's States
+are its adapters' (``total_params``); its frozen base is one BASE State per worker group
+and base, owned by no job (``base_bytes``, ``base_key``; docs/design.md, D215).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from plexrl.protocol import (COPY_OF, NEEDS, STATES_OF, Copy, Function, JobId, ModelSpec, Role,
-                             State, StateKey, WorkerGroupId, copy_id)
+from plexrl.protocol import (COPY_OF, FORWARD, NEEDS, STATES_OF, Copy, Function, JobId, ModelSpec,
+                             Role, State, StateKey, WorkerGroupId, copy_id)
 
 GRAD_BYTES_PER_PARAM = 4
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -110,6 +112,19 @@ def needed_states(decl: ModelDecl, function: Function) -> tuple[State, ...]:
     return tuple(s for s in NEEDS[function] if s in held and not pinned_to_host(decl, s))
 
 
+def needs_base(decl: ModelDecl, function: Function) -> bool:
+    """True when a call runs a LoRA model forward, so its base must be on DEVICE too."""
+    return decl.spec.lora and function in FORWARD
+
+
+def base_bytes(spec: ModelSpec, wg_devices: int) -> int:
+    """Bytes of a LoRA model's frozen base on a worker group of ``wg_devices`` devices: one
+    replica per data-parallel rank, or equal shards of one for a sharded model."""
+    if spec.sharded:
+        return wg_devices * int(spec.dtype_bytes * math.ceil(spec.base_params / wg_devices))
+    return int(spec.dtype_bytes * spec.base_params * max(1, wg_devices // spec.replica_devices))
+
+
 def pinned_to_host(decl: ModelDecl, state: State) -> bool:
     """True for a State that lives on HOST by design and is never onloaded."""
     return state == State.OPTIMIZER and decl.spec.optimizer == "adamw-offload"
@@ -132,7 +147,8 @@ def state_bytes(decl: ModelDecl, copy: Copy, state: State, wg_devices: int,
         if state == State.KV_CACHE:
             if spec.kv_cache_tokens is not None:
                 return spec.kv_bytes_per_token * spec.kv_cache_tokens * instances
-            return int(max(0.0, usable_bytes_per_device * wg_devices - weights))
+            base = base_bytes(spec, wg_devices) if spec.lora else 0   # resident with it
+            return int(max(0.0, usable_bytes_per_device * wg_devices - weights - base))
         raise ValueError(f"rollout copy holds no {state}")
     ranks = max(1, wg_devices // spec.replica_devices)
     if state == State.WEIGHTS:
@@ -164,10 +180,12 @@ def _shard_bytes(spec, copy: Copy, state: State, wg_devices: int) -> int:
 
 def device_bytes_needed(decl: ModelDecl, copy: Copy, wg_devices: int,
                         usable_bytes_per_device: float) -> int:
-    """Bytes a copy needs on DEVICE at once for its largest call (KV cache excluded)."""
-    return sum(state_bytes(decl, copy, s, wg_devices, usable_bytes_per_device)
-               for s in states_of(decl, copy)
-               if s != State.KV_CACHE and not pinned_to_host(decl, s))
+    """Bytes a copy needs on DEVICE at once for its largest call (KV cache excluded; a LoRA
+    model's base included)."""
+    base = base_bytes(decl.spec, wg_devices) if decl.spec.lora else 0
+    return base + sum(state_bytes(decl, copy, s, wg_devices, usable_bytes_per_device)
+                      for s in states_of(decl, copy)
+                      if s != State.KV_CACHE and not pinned_to_host(decl, s))
 
 
 def keys_of(job: JobId, decl: ModelDecl, copy: Copy, lane: int = 0) -> tuple[StateKey, ...]:

@@ -18,10 +18,10 @@ from plexrl.core import events as e
 from plexrl.core.carry import carrying
 from plexrl.core.cluster import Direction
 from plexrl.core.costs import lane_bytes
-from plexrl.core.jobs import keys_of, pinned_to_host, state_bytes
+from plexrl.core.jobs import base_bytes, keys_of, pinned_to_host, state_bytes
 from plexrl.core.snapshot import CallView, JobView, Snapshot, StateView
 from plexrl.core.usage import host_room
-from plexrl.protocol import Function, State, StateKey, Tier, copy_id
+from plexrl.protocol import Function, State, StateKey, Tier, base_key, copy_id, split_copy_id
 
 
 @carrying(remember=False)
@@ -168,7 +168,9 @@ def _job_ended(snap: Snapshot, job, at: float) -> Snapshot:
     if job not in snap.jobs and all(s.job != job for s in snap.pending):
         return snap
     jobs = {j: v for j, v in snap.jobs.items() if j != job}
-    states = {k: v for k, v in snap.states.items() if k.job != job}
+    bases = _bases(jobs)
+    states = {k: v for k, v in snap.states.items()
+              if k.job != job and (k.state != State.BASE or k in bases)}
     queued = tuple(c for c in snap.queued if c.job != job)
     snap = replace(snap, behind={w: c for w, c in snap.behind.items() if c.job != job})
     running = {w: c for w, c in snap.running.items() if c.job != job}
@@ -186,6 +188,13 @@ def _job_ended(snap: Snapshot, job, at: float) -> Snapshot:
             onloading = {w: c for w, c in onloading.items() if w not in freed}
     return replace(snap, cluster=cluster, jobs=jobs, states=states, queued=queued, running=running,
                    behind=behind, pending=pending, last_job=last_job, onloading=onloading)
+
+
+def _bases(jobs: dict) -> set[StateKey]:
+    """The BASE States the bound LoRA models of ``jobs`` use: a base lives while one does."""
+    return {base_key(decl.spec.base, wg) for view in jobs.values()
+            for cid, wg in view.bindings.items()
+            for decl in (view.spec.model(split_copy_id(cid)[0]),) if decl.spec.lora}
 
 
 def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
@@ -214,6 +223,11 @@ def _place(snap: Snapshot, p: d.Place, now: float) -> Snapshot:
         elif tier == Tier.HOST:
             room -= nbytes
         states[key] = StateView(key=key, wg=p.wg, num_bytes=nbytes, tier=tier, pinned=pinned)
+    base = base_key(decl.spec.base, p.wg)
+    if decl.spec.lora and base not in states:   # the first LoRA job on this base here
+        nbytes = base_bytes(decl.spec, group.num_devices)
+        states[base] = StateView(key=base, wg=p.wg, num_bytes=nbytes,
+                                 tier=Tier.HOST if nbytes <= room else Tier.DISK)
     pending = snap.pending
     placed = spec.copy_ids <= set(bindings)
     if placed:

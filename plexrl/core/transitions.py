@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from plexrl.core.costs import transfer_s
 from plexrl.core.decisions import Move
-from plexrl.core.jobs import needed_states
+from plexrl.core.jobs import needed_states, needs_base
 from plexrl.core.snapshot import CallView, Snapshot, StateView
 from plexrl.core.usage import device_free, host_room
-from plexrl.protocol import CallId, State, StateKey, Tier, WorkerGroupId
+from plexrl.protocol import CallId, State, StateKey, Tier, WorkerGroupId, base_key
 
 
 def needed_keys(snap: Snapshot, call: CallView) -> tuple[StateKey, ...]:
+    """The States a call needs on DEVICE: its copy's, and a LoRA model's shared base."""
     decl = snap.jobs[call.job].spec.model(call.role)
-    return tuple(StateKey(call.job, call.role, call.copy, s, call.lane)
-                 for s in needed_states(decl, call.function))
+    own = tuple(StateKey(call.job, call.role, call.copy, s, call.lane)
+                for s in needed_states(decl, call.function))
+    return own + ((base_key(decl.spec.base, call.wg),) if needs_base(decl, call.function) else ())
 
 
 def is_resident(view: StateView) -> bool:

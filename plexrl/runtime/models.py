@@ -12,10 +12,16 @@ Modules are fp32 and in eval mode (no dropout: a training step is as determinist
 sampling step). The value head is ``AutoModelForTokenClassification`` with one label: the
 same body as the language model, and a ``score`` Linear (hidden -> 1, with bias) in place of
 ``lm_head``, so a real checkpoint's body loads under it unchanged.
+
+LoRA (docs/design.md, D215): ``add_adapters`` wraps the chosen Linear layers of a module in
+``LoraLinear`` (``base(x) + alpha / r * B(A(x))``; ``A`` drawn as ``torch.nn.Linear`` draws
+its weight, ``B`` zero, so a new adapter changes nothing), and ``model_spec(lora_rank=r)``
+sizes a model as its adapters on a frozen base.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 
@@ -99,6 +105,13 @@ def build_module(spec: ModelSpec, seed: int) -> torch.nn.Module:
     return module.float().eval()
 
 
+def _adapter_params(config: PretrainedConfig, rank: int, parts: tuple[str, ...]) -> int:
+    with torch.device("meta"):
+        module = _head_class("lm").from_config(_head_config(config, "lm"))
+    return sum(rank * (sub.in_features + sub.out_features)
+               for sub in (module.get_submodule(n) for n in lora_targets(module, parts)))
+
+
 def _count_params(config: PretrainedConfig, head: str) -> tuple[int, int]:
     """(total, active) parameters of the module, counted on the meta device (no memory)."""
     with torch.device("meta"):
@@ -113,16 +126,80 @@ def _count_params(config: PretrainedConfig, head: str) -> tuple[int, int]:
     return total, int(active)
 
 
-def model_spec(name: str, source: str, head: str = "lm", **kw) -> ModelSpec:
+LORA_ALPHA = 32.0                #: LoRA's alpha: an adapter's output is scaled by alpha / rank
+#: the Linear layers each LoRA part adapts (Tinker's LoraConfig: train_attn, train_mlp,
+#: train_unembed), by their name in Llama and Qwen2 modules
+LORA_PARTS: dict[str, tuple[str, ...]] = {
+    "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+    "unembed": ("lm_head",),
+}
+
+
+class LoraLinear(torch.nn.Module):
+    """A frozen Linear (``base``) plus a rank-``r`` adapter: ``base(x) + scale * B(A(x))``."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int, scale: float):
+        super().__init__()
+        self.base, self.scale = base, scale
+        self.lora_A = torch.nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_B = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        adapted = torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_A),
+                                             self.lora_B)
+        return self.base(x) + self.scale * adapted
+
+
+def lora_targets(module: torch.nn.Module, parts: tuple[str, ...]) -> list[str]:
+    """The names of the Linear layers of ``module`` that ``parts`` adapt."""
+    unknown = sorted(set(parts) - set(LORA_PARTS))
+    if unknown:
+        raise ConfigError(f"unknown LoRA parts {unknown}", field="lora_targets", value=parts,
+                          fix=f"use some of {sorted(LORA_PARTS)}")
+    leaves = {leaf for part in parts for leaf in LORA_PARTS[part]}
+    return [name for name, sub in module.named_modules()
+            if isinstance(sub, torch.nn.Linear) and name.rpartition(".")[2] in leaves]
+
+
+def add_adapters(module: torch.nn.Module, rank: int, parts: tuple[str, ...],
+                 seed: int) -> torch.nn.Module:
+    """Wrap the targets of ``parts`` in ``LoraLinear`` adapters drawn from ``seed`` (the
+    global RNG is forked, as in ``build_module``); adapter parameters are named ``lora_*``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for name in lora_targets(module, parts):
+            owner, _, leaf = name.rpartition(".")
+            parent = module.get_submodule(owner)
+            setattr(parent, leaf, LoraLinear(getattr(parent, leaf), rank, LORA_ALPHA / rank))
+    return module
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A" in name or ".lora_B" in name or name.startswith("lora_")
+
+
+def model_spec(name: str, source: str, head: str = "lm", *, lora_rank: int = 0,
+               lora_targets: tuple[str, ...] = tuple(LORA_PARTS), **kw) -> ModelSpec:
     """A ModelSpec whose sizes are those of ``source``'s config, stored as fp32.
 
     ``kv_cache_tokens`` is 0: the runtime reserves KV cache per GENERATE call
     (``Engine.kv_bytes``), not as a standing State. ``sharded``: on a worker group of n
     devices the runtime splits every State over the n ranks (``workers/sharded.py``).
-    ``kw`` sets any other ModelSpec field.
+    ``lora_rank`` r > 0: adapters of rank r on the ``lora_targets`` parts of ``source`` as a
+    frozen base (its WEIGHTS, GRADS and OPTIMIZER are the adapters'; the base is a BASE
+    State of the worker group). ``kw`` sets any other ModelSpec field.
     """
     config = hf_config(source)
     total, active = _count_params(config, head)
+    if lora_rank:
+        if head != "lm":
+            raise ConfigError("LoRA adapts language models here", field=f"{name}.head",
+                              value=head, fix="head='lm', or train the value model whole")
+        kw = dict(lora_rank=lora_rank, base=source, base_params=float(total),
+                  lora_targets=tuple(lora_targets), **kw)
+        total = _adapter_params(config, lora_rank, tuple(lora_targets))
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     spec = ModelSpec(name=name, total_params=float(total), active_params=float(active),

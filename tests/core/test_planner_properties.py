@@ -23,7 +23,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -135,6 +135,7 @@ def build_world(ch: Chooser, config: CoreConfig) -> tuple[ClusterSpec, dict[str,
         groups[f"g{i}"] = WorkerGroupSpec(f"g{i}", nodes, devices)
     names = sorted(groups)
     specs, programs = [], {}
+    base_params = ch.integer(50, 300)   #: the LoRA jobs' shared base (D215)
     for j in range(ch.choice([1, 2, 3, 4, 4, 4])):
         kind = ch.choice(["trainer-only", "split", "colocated"])
         trainer_wgs = tuple(sorted({ch.choice(names), ch.choice(names)}))
@@ -144,6 +145,9 @@ def build_world(ch: Chooser, config: CoreConfig) -> tuple[ClusterSpec, dict[str,
         params = ch.integer(max_params // 2, max_params)
         optimizer = ch.choice(["adamw", "adamw", "adamw", "adamw-offload"])
         policy = ModelSpec(f"m{j}", params, params, 2, 1, 4, optimizer=optimizer)
+        if ch.integer(0, 2) == 0:   # adapters on the shared base
+            policy = replace(policy, total_params=ch.integer(1, 10), active_params=base_params,
+                             lora_rank=2, base="b", base_params=base_params)
         copies = (Copy.TRAINER,) if kind == "trainer-only" else (Copy.TRAINER, Copy.ROLLOUT)
         models = [ModelDecl(Role.POLICY, policy, copies)]
         candidates = [(Role.POLICY, Copy.TRAINER, trainer_wgs)]

@@ -39,11 +39,12 @@ from plexrl.core import apply, assume, plan
 from plexrl.core import events as ev
 from plexrl.core.decisions import Dispatch, Move, Place, Reject
 from plexrl.core.invariants import check_decisions, check_step, enforce
-from plexrl.core.snapshot import Snapshot
+from plexrl.core.snapshot import Snapshot, StateView
 from plexrl.errors import (AuthError, CallError, ConfigError, OrderError, PlacementError,
                            ServiceLost)
-from plexrl.protocol import (NEEDS, CallId, CallRequest, JobId, JobRequest, State, StateKey,
-                             Ticket, Tier, WorkerGroupId, copy_id, split_copy_id)
+from plexrl.protocol import (BASE_OWNER, FORWARD, NEEDS, CallId, CallRequest, JobId, JobRequest,
+                             State, StateKey, Ticket, Tier, WorkerGroupId, base_key, copy_id,
+                             split_copy_id)
 from plexrl.runtime.config import RuntimeConfig, cluster_spec
 from plexrl.runtime.control import recovery
 from plexrl.runtime.observe.call_log import CallLog
@@ -143,6 +144,10 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
         if request.job in self.jobs:
             raise ConfigError("a job of this name is registered", field="job", value=request.job,
                               fix="end it first or choose another name")
+        if str(request.job).startswith(BASE_OWNER):
+            raise ConfigError(f"a job name may not start with {BASE_OWNER!r} (the runtime's "
+                              "shared LoRA bases)", field="job", value=request.job,
+                              fix="choose another name")
         spec = job_spec(request, tuple(self.snap.group_order))
         record = JobRecord(request, secrets.token_hex(16), asyncio.get_running_loop().create_future(),
                            renewed_at=time.monotonic())
@@ -237,6 +242,9 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             return
         keys = [StateKey(request.job, request.role, request.copy, s, request.lane)
                 for s in NEEDS[request.function] if s != State.KV_CACHE]
+        spec = dict(self.jobs[request.job].request.models).get(request.role)
+        if spec is not None and spec.lora and request.function in FORWARD:
+            keys.append(base_key(spec.base, group.wg))
         held = sum(self.snap.states[k].num_bytes for k in keys if k in self.snap.states)
         budget = int(self.snap.cluster.device_budget(group.wg))
         if held + workspace > budget:
@@ -322,7 +330,8 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
             specs = dict(record.request.models)
             await asyncio.gather(*(self.executor.bind(
                 wg, job, record.token, role, copy, specs[role], record.request.seed,
-                self._sizes(job, role, copy, lane), self._tiers(job, role, copy, lane), lane)
+                self._sizes(job, role, copy, lane, wg), self._tiers(job, role, copy, lane, wg),
+                lane)
                 for (role, copy, lane), wg in ((split_copy_id(k), wg)
                                                for k, wg in record.groups.items())))
             if record.request.save_interval:
@@ -345,15 +354,21 @@ class Controller(SubmittedJobs, JobEndings, StateMoves, CallDispatch, Inspection
                 self.journal.state(key, view.tier, view.version)
         record.placed.set_result(Ticket(job, record.token))
 
-    def _tiers(self, job: JobId, role, copy, lane: int = 0) -> dict[State, Tier]:
-        """Where the core put each State at placement (HOST, or DISK when host is short)."""
-        return {s: self.snap.states[StateKey(job, role, copy, s, lane)].tier for s in State
-                if StateKey(job, role, copy, s, lane) in self.snap.states}
+    def _held(self, job: JobId, role, copy, lane: int, wg) -> dict[State, StateView]:
+        """The core's view of each State of a copy, and of a LoRA model's base on ``wg``."""
+        keys = {s: StateKey(job, role, copy, s, lane) for s in State}
+        spec = dict(self.jobs[job].request.models)[role]
+        if spec.lora:
+            keys[State.BASE] = base_key(spec.base, wg)
+        return {s: self.snap.states[k] for s, k in keys.items() if k in self.snap.states}
 
-    def _sizes(self, job: JobId, role, copy, lane: int = 0) -> dict[State, int]:
+    def _tiers(self, job: JobId, role, copy, lane: int, wg) -> dict[State, Tier]:
+        """Where the core put each State at placement (HOST, or DISK when host is short)."""
+        return {s: v.tier for s, v in self._held(job, role, copy, lane, wg).items()}
+
+    def _sizes(self, job: JobId, role, copy, lane: int, wg) -> dict[State, int]:
         """The bytes the core counts for each State of a copy (the service must agree)."""
-        return {s: self.snap.states[StateKey(job, role, copy, s, lane)].num_bytes for s in State
-                if StateKey(job, role, copy, s, lane) in self.snap.states}
+        return {s: v.num_bytes for s, v in self._held(job, role, copy, lane, wg).items()}
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

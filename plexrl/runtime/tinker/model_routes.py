@@ -1,7 +1,8 @@
 """The Tinker routes on a model: a training client's calls, each issued to its PlexRL job.
 
-Owns: ``create_model`` (a job ``tinker-{session}-{n}`` of one policy on the base model, its
-LoRA rank checked), ``get_info``, ``forward`` and ``forward_backward`` (protobuf or JSON;
+Owns: ``create_model`` (a job ``tinker-{session}-{n}`` of one policy: LoRA adapters of the
+asked rank and parts on the base model, which the worker group holds once for every LoRA job
+on it), ``get_info``, ``forward`` and ``forward_backward`` (protobuf or JSON;
 the SDK's loss names and fields, ``batches.py``), ``optim_step`` (Tinker's ``AdamParams``
 as the engine's AdamW), ``save_weights``, ``save_weights_for_sampler`` (a SYNC_WEIGHTS to
 the rollout copy, and a sampling session or a ``sampler_weights`` checkpoint),
@@ -52,15 +53,21 @@ class ModelRoutes:
         self.tenants.own_session(key, session_id,
                                  "create the training client from a ServiceClient of this key")
         lora = body.get("lora_config") or {}
-        base = body.get("base_model")
+        parts = tuple(part for part, flag in (("attn", "train_attn"), ("mlp", "train_mlp"),
+                                              ("unembed", "train_unembed"))
+                      if lora.get(flag, True))
+        if not parts:
+            raise UserError("the LoRA config trains nothing; fix: leave at least one of "
+                            "train_attn, train_mlp, train_unembed true")
         # checked and registered before the future is answered
-        model_id = await self.new_model(key, str(session_id), int(seq), base,
-                                        lora.get("rank"), int(lora.get("seed") or 0))
+        model_id = await self.new_model(key, str(session_id), int(seq), body.get("base_model"),
+                                        lora.get("rank"), int(lora.get("seed") or 0), parts)
         return self.tenants.future(key, _value({"model_id": model_id, "type": "create_model"}),
                                    model_id=model_id)
 
     async def new_model(self, key: str, session_id: str, seq: int, base, rank,
-                        seed: int) -> str:
+                        seed: int, parts: tuple[str, ...]) -> str:
+        """A LoRA job of ``rank`` on ``parts`` of ``base`` (D215), registered and placed."""
         from plexrl.runtime.models import hf_config, model_spec   # torch, only when asked
         from plexrl.runtime.models import BUILTIN_CONFIGS
         served = sorted(BUILTIN_CONFIGS) + list(self.sources)
@@ -76,13 +83,13 @@ class ModelRoutes:
         model_id = f"{session_id}:train:{seq}"
         if model_id in self.tenants.models:
             raise UserError(f"model {model_id} exists; fix: a new model_seq_id")
-        spec = model_spec("policy", base)
+        spec = model_spec("policy", base, lora_rank=rank, lora_targets=parts)
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(None, lambda: self.runtime.register_job(
             f"tinker-{session_id}-{seq}", {Role.POLICY: spec}, seed=seed))
         self.tenants.models[model_id] = TinkerModel(
             model_id, key, session_id, base, rank, seed, int(config.vocab_size), job,
-            arch=type(config).__name__)
+            arch=type(config).__name__, parts=parts)
         return model_id
 
     async def get_info(self, request: Request, key: str) -> Reply:
@@ -134,7 +141,7 @@ class ModelRoutes:
         folder = self.root / model.model_id.replace(":", "-") / kind
         folder.mkdir(parents=True, exist_ok=True)
         return Checkpoint(path, str(folder / f"{name}.safetensors"), key, model.model_id,
-                          model.base_model, model.rank, model.seed, model.version)
+                          model.base_model, model.rank, model.seed, model.version, model.parts)
 
     async def save_weights(self, request: Request, key: str) -> Reply:
         body = body_of(request)
@@ -206,7 +213,7 @@ class ModelRoutes:
             model_id = await self.new_model(key, str(body["session_id"]),
                                             int(body.get("model_seq_id", 0)),
                                             checkpoint.base_model, checkpoint.rank,
-                                            checkpoint.seed)
+                                            checkpoint.seed, checkpoint.parts)
             model = self.tenants.models[model_id]
             seq = None   # before the client's first call (it is made once this answers)
         else:
@@ -227,10 +234,12 @@ class ModelRoutes:
 
     def loadable(self, key: str, path, model: TinkerModel) -> Checkpoint:
         checkpoint = self.tenants.checkpoint(key, path)
-        if model.base_model != checkpoint.base_model or model.rank != checkpoint.rank:
-            raise UserError(f"{checkpoint.path} holds {checkpoint.base_model} rank "
-                            f"{checkpoint.rank}, the model is {model.base_model} rank "
-                            f"{model.rank}; fix: load it into a model of that base and rank")
+        held, want = ((c.base_model, c.rank, c.parts) for c in (checkpoint, model))
+        if held != want:
+            raise UserError(f"{checkpoint.path} holds adapters of rank {held[1]} on "
+                            f"{'+'.join(held[2])} of {held[0]}, the model is rank {want[1]} on "
+                            f"{'+'.join(want[2])} of {want[0]}; fix: load it into a model of "
+                            "that base, rank and LoRA parts")
         return checkpoint
 
     async def weights_info(self, request: Request, key: str) -> Reply:

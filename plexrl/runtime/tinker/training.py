@@ -78,6 +78,7 @@ class TinkerModel:
     vocab_size: int
     job: JobClient
     arch: str = ""
+    parts: tuple[str, ...] = ()          #: the LoRA parts adapted (attn, mlp, unembed)
     turns: Turns = field(default_factory=lambda: Turns(1))
     version: int = 0                     #: trainer weight version issued so far
     synced: int = 0                      #: the version its rollout copy was last given
@@ -87,7 +88,7 @@ class TinkerModel:
     def info(self) -> dict:
         """``get_info``'s reply (``GetInfoResponse``)."""
         return {"type": "get_info", "model_id": self.model_id, "model_name": self.base_model,
-                "is_lora": False, "lora_rank": self.rank,
+                "is_lora": True, "lora_rank": self.rank,
                 "model_data": {"arch": self.arch, "model_name": self.base_model,
                                "tokenizer_id": self.base_model}}
 
@@ -113,13 +114,14 @@ class Checkpoint:
     rank: int
     seed: int
     version: int                         #: the trainer version it holds
+    parts: tuple[str, ...] = ()
 
     def record(self) -> None:
         Path(self.file + ".json").write_text(json.dumps(asdict(self)))
 
     def weights_info(self) -> dict:
         """``weights_info``'s reply (``WeightsInfoResponse``)."""
-        return {"base_model": self.base_model, "is_lora": False, "lora_rank": self.rank}
+        return {"base_model": self.base_model, "is_lora": True, "lora_rank": self.rank}
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:

@@ -54,10 +54,13 @@ class Slot:
     numel: int
 
 
-def _layout(module: torch.nn.Module) -> tuple[Slot, ...]:
-    """The parameters of ``module`` in registration order, tied ones once."""
+def _layout(module: torch.nn.Module, include=None) -> tuple[Slot, ...]:
+    """The parameters of ``module`` (those whose name ``include`` takes) in registration
+    order, tied ones once."""
     slots, offset = [], 0
     for name, param in module.named_parameters():
+        if include is not None and not include(name):
+            continue
         slots.append(Slot(name, tuple(param.shape), offset, param.numel()))
         offset += param.numel()
     return tuple(slots)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,9 +29,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plexrl.errors import CallError, PlexError
-from plexrl.protocol import (CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role, State,
-                             StateKey, Tier, copy_label)
+from plexrl.protocol import (FORWARD, CallId, CallRequest, Copy, Function, JobId, ModelSpec, Role,
+                             State, StateKey, Tier, base_key, copy_label)
 from plexrl.runtime.workers.engine import Engine
+from plexrl.runtime.workers.lora import LoraEngine
 from plexrl.runtime.workers.sharded import ShardedEngine
 from plexrl.runtime.workers.order import (CallOrder, copies_of, hosted_job, next_seq_labels,
                                          take_turn)
@@ -97,9 +99,14 @@ class Service:
         Serialised: building a model seeds torch's global generator, which two threads must
         not do at once (the weights would depend on their interleaving)."""
         with self._lock:
+            if spec.lora and self.world > 1:
+                raise CallError(f"job {job}: LoRA models run on worker groups of one device "
+                                f"here, {self.wg} has {self.world}; fix: bind it to a group of "
+                                "one device", job=job)
             hosted = self.jobs.setdefault(job, HostedJob(token))
             if role not in hosted.models:
-                engine = Engine(spec, seed=_seed_of(seed, role)) if self.world == 1 else \
+                engine = LoraEngine(spec, _seed_of(seed, role)) if spec.lora else \
+                    Engine(spec, seed=_seed_of(seed, role)) if self.world == 1 else \
                     ShardedEngine(spec, _seed_of(seed, role), rank=self.rank, world=self.world)
                 hosted.models[role] = HostedModel(engine, {0: torch.Generator().manual_seed(seed)},
                                                   engine.initial_weights())
@@ -114,7 +121,8 @@ class Service:
                 sizes: dict[State, int], tiers: dict[State, Tier], lane: int) -> None:
         engine = model.engine
         shapes = {State.WEIGHTS: engine.numel, State.GRADS: engine.numel,
-                  State.OPTIMIZER: engine.optimizer_numel}
+                  State.OPTIMIZER: engine.optimizer_numel,
+                  State.BASE: getattr(engine, "base_numel", 0)}
         for state, num_bytes in sizes.items():
             if state == State.KV_CACHE:
                 continue   # reserved per call (workspace), never a standing buffer
@@ -124,6 +132,11 @@ class Service:
                                 f"hold {4 * shapes[state] * self.world}; the ModelSpec does not "
                                 "describe this model: build it with "
                                 "plexrl.runtime.models.model_spec", job=job)
+            if state == State.BASE:   # the group's, made by the first job on it
+                name = _name(base_key(engine.spec.base, self.wg))
+                if name not in self.store.keys():
+                    self.store.create(name, engine.initial_base(), tier=tiers.get(state, Tier.HOST))
+                continue
             init = model.initial_weights if state == State.WEIGHTS else 4 * shapes[state]
             self.store.create(_name(StateKey(job, role, copy, state, lane)), init,
                               tier=tiers.get(state, Tier.HOST))
@@ -171,9 +184,16 @@ class Service:
         return None if whole is None else whole.numpy()
 
     def unbind(self, job: JobId) -> None:
+        """Forget the job and its States; a LoRA base no job here uses any more goes too."""
         with self._lock:
-            self.jobs.pop(job, None)
+            hosted = self.jobs.pop(job, None)
+            bases = {m.engine.spec.base for m in (hosted.models.values() if hosted else ())
+                     if m.engine.spec.lora}
+            used = {m.engine.spec.base for h in self.jobs.values() for m in h.models.values()
+                    if m.engine.spec.lora}
         self.store.forget(job)
+        for base in bases - used:
+            self.store.forget(_name(base_key(base, self.wg)))
 
     # -- transitions --------------------------------------------------------------------------
     def move(self, key: StateKey, src: Tier, dst: Tier, reason: str) -> dict:
@@ -230,7 +250,8 @@ class Service:
         # the controller reserves for the whole group; each rank holds its share
         self.store.device.reserve(reserve, -(-order.workspace_bytes // self.world))
         try:
-            return _RUNNERS[request.function](self, request, model, payload or {})
+            with self._base(request, model):
+                return _RUNNERS[request.function](self, request, model, payload or {})
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
             if isinstance(err, PlexError):
                 raise
@@ -249,6 +270,16 @@ class Service:
         hosted = self.check_token(order.request)
         take_turn(hosted, order)
         return hosted
+
+    @contextmanager
+    def _base(self, request: CallRequest, model: HostedModel):
+        """A LoRA model's forward runs on the group's base, pinned on DEVICE meanwhile."""
+        if not (model.engine.spec.lora and request.function in FORWARD):
+            yield
+            return
+        with self.store.use(_name(base_key(model.engine.spec.base, self.wg))) as (base,), \
+                model.engine.on_base(base):
+            yield
 
     def _use(self, request: CallRequest, copy: Copy, *states: State):
         """Pin the call's States on DEVICE for its duration (a move of them now is a bug)."""
