@@ -71,14 +71,24 @@ class ModelConfig:
     kv_cache_tokens: int | None = option(None, unit="tokens", min=0,
                                          doc="standing KV cache per rollout instance; unset: the "
                                              "group's free memory; 0: reserved per call (runtime)")
+    lora_rank: int = option(0, unit="count", min=0,
+                            doc="0: full-weight training; r: LoRA adapters of rank r on the "
+                                "frozen model, its base held once per worker group (D215)")
+    adapter_params: float = option(0.0, unit="count", min=0,
+                                   doc="parameters of one job's adapters (LoRA only)")
 
     def spec(self, trainable: bool = True) -> ModelSpec:
-        return ModelSpec(name=self.name, total_params=self.total_params,
-                         active_params=self.active_params, num_layers=self.num_layers,
-                         kv_heads=self.kv_heads, head_dim=self.head_dim,
-                         dtype_bytes=self.dtype_bytes, tp=self.tp, pp=self.pp, dp=self.dp,
-                         ep=self.ep, rollout_tp=self.rollout_tp, optimizer=self.optimizer,
-                         trainable=trainable, kv_cache_tokens=self.kv_cache_tokens)
+        """The model as jobs declare it; a LoRA model's trained States are its adapters'
+        and its weights a shared base (``ModelSpec.lora_rank``)."""
+        lora = dict(total_params=self.adapter_params, lora_rank=self.lora_rank, base=self.name,
+                    base_params=self.total_params) if self.lora_rank and trainable else \
+            dict(total_params=self.total_params)
+        return ModelSpec(name=self.name, active_params=self.active_params,
+                         num_layers=self.num_layers, kv_heads=self.kv_heads,
+                         head_dim=self.head_dim, dtype_bytes=self.dtype_bytes, tp=self.tp,
+                         pp=self.pp, dp=self.dp, ep=self.ep, rollout_tp=self.rollout_tp,
+                         optimizer=self.optimizer, trainable=trainable,
+                         kv_cache_tokens=self.kv_cache_tokens, **lora)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +282,12 @@ def validate(s: Scenario, file: str) -> None:
     if s.warmup_steps >= s.num_steps:
         raise ConfigError("warmup must leave steps to measure", file=file, field="warmup_steps",
                           value=s.warmup_steps, fix=f"set it below num_steps ({s.num_steps})")
+    for name, m in s.models.items():
+        if m.lora_rank and m.adapter_params <= 0:
+            raise ConfigError("a LoRA model needs its adapters' size", file=file,
+                              field=f"models.{name}.adapter_params", value=m.adapter_params,
+                              fix="rank x the sum of (in + out) features of every adapted "
+                                  "matrix, from the model's config")
     for name, w in s.workloads.items():
         if w.model not in s.models:
             raise ConfigError("unknown model", file=file, field=f"workloads.{name}.model",
