@@ -124,8 +124,12 @@ class Engine:
     def __init__(self, spec: ModelSpec, seed: int = 0):
         self.spec, self.seed = spec, seed
         module = build_module(spec, seed)
-        self._layout = _layout(module)
-        self.numel = sum(s.numel for s in self._layout)
+        self._adopt(module, _layout(module))
+
+    def _adopt(self, module: torch.nn.Module, layout: tuple[Slot, ...]) -> None:
+        """Run on ``module``, whose trained parameters ``layout`` lays out (weights stripped)."""
+        self._layout = layout
+        self.numel = sum(s.numel for s in layout)
         #: exp_avg + exp_avg_sq + one step counter
         self.optimizer_numel = 2 * self.numel + 1
         self._config = module.config

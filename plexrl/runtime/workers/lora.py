@@ -17,7 +17,7 @@ import torch
 
 from plexrl.protocol import ModelSpec
 from plexrl.runtime.models import add_adapters, build_module, is_adapter
-from plexrl.runtime.workers.engine import Engine, _check_flat, _flatten, _layout, _strip_weights
+from plexrl.runtime.workers.engine import Engine, _check_flat, _flatten, _layout
 
 BASE_SEED = 0        #: a built-in base's weights are drawn from this seed, whichever job asks
 
@@ -26,16 +26,9 @@ class LoraEngine(Engine):
     def __init__(self, spec: ModelSpec, seed: int = 0):
         self.spec, self.seed = spec, seed
         module = self._build()
-        self._layout = _layout(module, is_adapter)
         self._base_layout = _layout(module, lambda name: not is_adapter(name))
-        self.numel = sum(s.numel for s in self._layout)
         self.base_numel = sum(s.numel for s in self._base_layout)
-        self.optimizer_numel = 2 * self.numel + 1
-        self._config = module.config
-        pad = self._config.pad_token_id
-        self.pad_id = int(pad) if pad is not None else 0
-        self._bindings = _strip_weights(module)
-        self._module = module
+        self._adopt(module, _layout(module, is_adapter))
         self._base: torch.Tensor | None = None
 
     def _build(self) -> torch.nn.Module:
